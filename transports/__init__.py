@@ -1,0 +1,17 @@
+"""How bytes move between ranks: one small interface (`base`), several transports behind it."""
+
+from .base import COLLECTIVE_TAG_BASE, Channel, Exchange, Reducer, Request, Traffic, Transport
+from .errors import (
+    CollectiveMismatch,
+    CollectiveTimeout,
+    CollsError,
+    InvalidArgument,
+    PeerLost,
+    TransportError,
+)
+
+__all__ = [
+    "COLLECTIVE_TAG_BASE", "Channel", "Exchange", "Reducer", "Request", "Traffic", "Transport",
+    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "InvalidArgument", "PeerLost",
+    "TransportError",
+]

@@ -1,0 +1,227 @@
+"""The transport interface: the only thing an algorithm sees of how bytes move.
+
+Modelled on Gloo's unbound buffers: post a send or a receive of a contiguous buffer to or from a peer
+under a tag, get a `Request`, then wait for a set of requests with a deadline. One verb is fused, as
+in NCCL's primitives: `irecv_reduce` combines the incoming bytes into a local buffer as they arrive,
+so a ring or tree reduction never lands data in a temporary first.
+
+Semantics every transport keeps:
+- Messages between one ordered pair of ranks with the same tag are matched in the order they were
+  posted (MPI's non-overtaking rule); different tags may be matched out of order.
+- A send completes when its buffer may be reused; a receive when the data is in the buffer.
+- `wait_all` drives progress on *every* request of the transport, not only those it was given, so
+  a rank that posts a send and a receive and then waits on either cannot deadlock against its peer.
+- Buffers are one-dimensional C-contiguous numpy arrays (or views of one); receives check the size.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .errors import CollectiveTimeout
+
+# reducer(accumulator, incoming): combine `incoming` into `accumulator` in place (same dtype, same length).
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+# exchange(my_bytes) -> every rank's bytes, in rank order: a small all-gather over the parent group,
+# used to set up sub-groups (segment names, MPI colors) without a second bootstrap.
+Exchange = Callable[[bytes], list[bytes]]
+
+# Tags at or above this value belong to collectives; below it, to the user's point-to-point tags.
+COLLECTIVE_TAG_BASE = 1 << 32
+
+
+class Request:
+    """One posted send or receive; `done` turns true when it has completed."""
+
+    __slots__ = ("kind", "peer", "tag", "nbytes", "done")
+
+    def __init__(self, kind: str, peer: int, tag: int, nbytes: int) -> None:
+        self.kind = kind
+        self.peer = peer
+        self.tag = tag
+        self.nbytes = nbytes
+        self.done = False
+
+    def __repr__(self) -> str:
+        direction = "to" if self.kind == "send" else "from"
+        return f"{self.kind} of {self.nbytes} B {direction} rank {self.peer} (tag {self.tag})"
+
+
+class Transport(ABC):
+    """How bytes move between the `size` ranks of one group; each rank holds its own instance."""
+
+    name: str = "abstract"
+    rank: int
+    size: int
+
+    @abstractmethod
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """Post a send of `buf` to `peer`; `buf` must not change until the request is done."""
+
+    @abstractmethod
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """Post a receive from `peer` into `buf`; the sender's message must be exactly `buf.nbytes`."""
+
+    @abstractmethod
+    def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
+        """Post a receive from `peer` whose data is combined into `buf` by `reducer` as it arrives."""
+
+    @abstractmethod
+    def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        """Drive progress until every request is done; raise `CollectiveTimeout` at `deadline`.
+
+        `deadline` is a `time.monotonic()` value. A dead peer raises `PeerLost` where the transport
+        can tell.
+        """
+
+    @abstractmethod
+    def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
+        """A transport for the group `ranks` (this group's ranks, in their new order), or None.
+
+        Collective over this whole group: every rank calls it, those outside any new group with
+        `ranks == []` (and get None back). `exchange` all-gathers small bytes over this group.
+        """
+
+    def close(self) -> None:
+        """Release what this transport holds (segments, communicators); idempotent."""
+        return None
+
+    @property
+    def one_sided(self) -> bool:
+        """Whether peers can read or write this rank's registered buffers directly (NCCL's P2P)."""
+        return False
+
+
+class Traffic:
+    """Messages and bytes this rank sent to and received from each peer, for one kind of call."""
+
+    __slots__ = ("messages_sent", "bytes_sent", "messages_received", "bytes_received", "calls")
+
+    def __init__(self, size: int) -> None:
+        self.messages_sent = [0] * size
+        self.bytes_sent = [0] * size
+        self.messages_received = [0] * size
+        self.bytes_received = [0] * size
+        self.calls = 0
+
+    def as_dict(self) -> dict[str, object]:
+        """The counters as plain numbers: totals and per-peer lists."""
+        return {
+            "calls": self.calls,
+            "messages_sent": sum(self.messages_sent),
+            "bytes_sent": sum(self.bytes_sent),
+            "messages_received": sum(self.messages_received),
+            "bytes_received": sum(self.bytes_received),
+            "bytes_sent_to": list(self.bytes_sent),
+            "bytes_received_from": list(self.bytes_received),
+        }
+
+
+class Channel:
+    """One collective call's view of a transport: the tag and the deadline bound, the bytes counted.
+
+    This is what algorithms are written against. `what` ("all_reduce #12 (ring)") goes into every
+    timeout message so that a hang names the call, not just a socket.
+    """
+
+    __slots__ = ("transport", "rank", "size", "tag", "deadline", "what", "traffic")
+
+    def __init__(self, transport: Transport, tag: int, deadline: float, what: str,
+                 traffic: Traffic | None = None) -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.size
+        self.tag = tag
+        self.deadline = deadline
+        self.what = what
+        self.traffic = traffic
+
+    def send(self, buf: np.ndarray, peer: int) -> Request:
+        """Post a send of `buf` to `peer`."""
+        if self.traffic is not None:
+            self.traffic.messages_sent[peer] += 1
+            self.traffic.bytes_sent[peer] += buf.nbytes
+        return self.transport.isend(buf, peer, self.tag)
+
+    def recv(self, buf: np.ndarray, peer: int) -> Request:
+        """Post a receive from `peer` into `buf`."""
+        self._count_received(buf, peer)
+        return self.transport.irecv(buf, peer, self.tag)
+
+    def recv_reduce(self, buf: np.ndarray, peer: int, reducer: Reducer) -> Request:
+        """Post a receive from `peer` that is reduced into `buf` as it arrives."""
+        self._count_received(buf, peer)
+        return self.transport.irecv_reduce(buf, peer, self.tag, reducer)
+
+    def wait(self, *requests: Request) -> None:
+        """Wait for every request, naming this call in the error if the deadline passes."""
+        try:
+            self.transport.wait_all(requests, self.deadline)
+        except CollectiveTimeout as error:
+            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def exchange(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int) -> None:
+        """Send `send_buf` to `dst` and receive `recv_buf` from `src`, both posted before waiting."""
+        self.wait(self.send(send_buf, dst), self.recv(recv_buf, src))
+
+    def _count_received(self, buf: np.ndarray, peer: int) -> None:
+        if self.traffic is not None:
+            self.traffic.messages_received[peer] += 1
+            self.traffic.bytes_received[peer] += buf.nbytes
+
+
+def describe_pending(requests: Sequence[Request]) -> str:
+    """A short list of the requests still open, for timeout messages."""
+    pending = [repr(r) for r in requests if not r.done]
+    shown = ", ".join(pending[:4])
+    more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
+    return f"still waiting for {shown}{more}"
+
+
+def timeout_error(requests: Sequence[Request], deadline: float) -> CollectiveTimeout:
+    """The `CollectiveTimeout` for requests still open at `deadline`."""
+    peers = tuple(sorted({r.peer for r in requests if not r.done}))
+    late = time.monotonic() - deadline
+    return CollectiveTimeout(f"deadline passed ({late:+.3f} s); {describe_pending(requests)}", peers)
+
+
+class Backoff:
+    """Spin, then yield, then sleep a little longer each time: fast when peers are running, polite
+    when ranks outnumber cores (a spinning waiter would steal the core its peer needs)."""
+
+    __slots__ = ("spins", "polls", "sleep_s")
+
+    SPIN_POLLS = 200
+    YIELD_POLLS = 400
+    MAX_SLEEP_S = 0.001
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start again from spinning, after progress was made."""
+        self.polls = 0
+        self.sleep_s = 2e-6
+
+    def pause(self) -> None:
+        """Wait a little before the next poll."""
+        self.polls += 1
+        if self.polls < self.SPIN_POLLS:
+            return
+        if self.polls < self.YIELD_POLLS:
+            time.sleep(0)
+            return
+        time.sleep(self.sleep_s)
+        self.sleep_s = min(self.sleep_s * 2, self.MAX_SLEEP_S)
+
+
+def check_buffer(buf: np.ndarray, what: str) -> None:
+    """Transports accept only 1-D C-contiguous numpy arrays; say so clearly otherwise."""
+    if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise TypeError(f"{what} needs a 1-D C-contiguous numpy array, got {type(buf).__name__} "
+                        f"{getattr(buf, 'shape', '')}")

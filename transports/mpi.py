@@ -1,0 +1,176 @@
+"""The `mpi` transport: mpi4py's buffer methods (`Isend`/`Irecv` on raw bytes), never pickle.
+
+Collectives and the user's point-to-point messages travel on two duplicates of the communicator, so
+a user's tag can never match a collective's. A fused receive-reduce lands in a scratch buffer taken
+from a pool that grows to the largest message once and is then reused, and is reduced on completion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .base import (
+    COLLECTIVE_TAG_BASE,
+    Backoff,
+    Exchange,
+    Reducer,
+    Request,
+    Transport,
+    check_buffer,
+    timeout_error,
+)
+from .errors import CollectiveMismatch, TransportError
+
+
+def import_mpi():
+    """mpi4py's MPI module, or a TransportError that says how to get it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:
+        raise TransportError("the mpi transport needs mpi4py: pip install 'colls[mpi]'") from error
+    return MPI
+
+
+class _MpiRequest(Request):
+    __slots__ = ("handle", "buf", "scratch", "reducer")
+
+    def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray) -> None:
+        super().__init__(kind, peer, tag, buf.nbytes)
+        self.handle = None
+        self.buf = buf
+        self.scratch: np.ndarray | None = None
+        self.reducer: Reducer | None = None
+
+
+class ScratchPool:
+    """Reusable byte buffers for receive-reduce; grows to the largest size seen, then stops."""
+
+    def __init__(self) -> None:
+        self.free: list[np.ndarray] = []
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A buffer of at least `nbytes`, reused when one is free."""
+        for i, buf in enumerate(self.free):
+            if buf.nbytes >= nbytes:
+                return self.free.pop(i)
+        if self.free:
+            self.free.pop(0)   # too small: replace it by a larger one
+        return np.empty(max(nbytes, 4096), np.uint8)
+
+    def give(self, buf: np.ndarray) -> None:
+        """Return a buffer for the next receive-reduce."""
+        self.free.append(buf)
+
+
+class MpiTransport(Transport):
+    """One rank's end of an MPI communicator."""
+
+    name = "mpi"
+
+    def __init__(self, comm=None) -> None:
+        MPI = import_mpi()
+        self.MPI = MPI
+        base = comm if comm is not None else MPI.COMM_WORLD
+        self.collective_comm = base.Dup()
+        self.p2p_comm = base.Dup()
+        self.rank = base.Get_rank()
+        self.size = base.Get_size()
+        self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
+        self.scratch = ScratchPool()
+        self.status = MPI.Status()
+        self.closed = False
+
+    def _route(self, tag: int):
+        if tag >= COLLECTIVE_TAG_BASE:
+            return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
+        if not 0 <= tag < self.tag_limit:
+            raise ValueError(f"rank {self.rank}: tag {tag} is outside MPI's range 0..{self.tag_limit - 1}")
+        return self.p2p_comm, tag
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "mpi send")
+        comm, mpi_tag = self._route(tag)
+        request = _MpiRequest("send", peer, tag, buf)
+        request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        return request
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "mpi receive")
+        comm, mpi_tag = self._route(tag)
+        request = _MpiRequest("recv", peer, tag, buf)
+        request.handle = comm.Irecv([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        return request
+
+    def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
+        check_buffer(buf, "mpi receive-reduce")
+        comm, mpi_tag = self._route(tag)
+        request = _MpiRequest("recv", peer, tag, buf)
+        request.scratch = self.scratch.take(buf.nbytes)
+        request.reducer = reducer
+        landing = request.scratch[:buf.nbytes]
+        request.handle = comm.Irecv([landing, self.MPI.BYTE], peer, mpi_tag)
+        return request
+
+    def _test(self, request: _MpiRequest) -> bool:
+        """Test one request; on completion check the size and apply a pending reduction."""
+        try:
+            finished = request.handle.Test(self.status)
+        except self.MPI.Exception as error:
+            if error.Get_error_class() == self.MPI.ERR_TRUNCATE:
+                raise CollectiveMismatch(
+                    f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
+                    f"(tag {request.tag}) but a larger message arrived") from None
+            raise
+        if not finished:
+            return False
+        if request.kind == "recv":
+            got = self.status.Get_count(self.MPI.BYTE)
+            if got != request.nbytes:
+                raise CollectiveMismatch(
+                    f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
+                    f"(tag {request.tag}) but rank {request.peer} sent {got} B")
+            if request.reducer is not None:
+                scratch = request.scratch
+                dtype = request.buf.dtype
+                request.reducer(request.buf, scratch[:request.nbytes].view(dtype))
+                self.scratch.give(scratch)
+                request.scratch = None
+        request.done = True
+        return True
+
+    def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        backoff = Backoff()
+        while True:
+            progressed = False
+            for request in requests:
+                if not request.done and self._test(request):  # type: ignore[arg-type]
+                    progressed = True
+            if all(r.done for r in requests):
+                return
+            if progressed:
+                backoff.reset()
+            if time.monotonic() >= deadline:
+                raise timeout_error(requests, deadline)
+            backoff.pause()
+
+    def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
+        MPI = self.MPI
+        color = ranks[0] if ranks else MPI.UNDEFINED
+        key = list(ranks).index(self.rank) if ranks else 0
+        comm = self.collective_comm.Split(color, key)
+        if comm == MPI.COMM_NULL:
+            return None
+        transport = MpiTransport(comm)
+        comm.Free()
+        return transport
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.MPI.Is_finalized():
+            self.collective_comm.Free()
+            self.p2p_comm.Free()

@@ -1,0 +1,107 @@
+"""POSIX shared-memory segments: created once, owner-only, under unguessable names, unlinked early.
+
+Segments live in /dev/shm (Linux's tmpfs behind shm_open). Each is created with O_EXCL and mode
+0600 under `colls-<job>-<random>`, so no other user can open it and no name can be guessed or raced.
+Its owner unlinks it as soon as every peer has mapped it: from then on a crash cannot leak it, since
+the kernel frees the memory when the last mapping goes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import stat
+
+import numpy as np
+
+from .errors import TransportError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "colls-"
+
+
+def job_id() -> str:
+    """The job id segments are named after: the launcher's, or a fresh random one."""
+    return os.environ.get("COLLS_JOB") or secrets.token_hex(6)
+
+
+def free_bytes(directory: str = SHM_DIR) -> int:
+    """Bytes free in the shared-memory filesystem."""
+    info = os.statvfs(directory)
+    return info.f_bavail * info.f_frsize
+
+
+class Segment:
+    """One mapped shared-memory segment, viewed as a numpy uint8 array."""
+
+    def __init__(self, name: str, size: int, mapping: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.size = size
+        self.owner = owner
+        self._mmap = mapping
+        self.array = np.frombuffer(mapping, dtype=np.uint8, count=size)
+        self._unlinked = not owner
+
+    @classmethod
+    def create(cls, size: int, job: str | None = None) -> Segment:
+        """Create a new segment of `size` bytes, checking first that /dev/shm has room."""
+        available = free_bytes()
+        if size > available:
+            raise TransportError(
+                f"shared memory: need {size} B in {SHM_DIR} but only {available} B are free; "
+                f"give the container more (docker run --shm-size=1g), free space in {SHM_DIR}, or set "
+                f"COLLS_SHM_CHUNK_BYTES smaller")
+        name = f"{PREFIX}{job or job_id()}-{secrets.token_hex(8)}"
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+        except OSError as error:
+            os.unlink(path)
+            raise TransportError(f"shared memory: could not create {size} B segment: {error}") from error
+        finally:
+            os.close(fd)
+        return cls(name, size, mapping, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> Segment:
+        """Map a peer's segment, refusing one of another owner, another mode or the wrong size."""
+        if not name.startswith(PREFIX) or "/" in name:
+            raise TransportError(f"shared memory: refusing segment name {name!r}")
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as error:
+            raise TransportError(f"shared memory: cannot open peer segment {name}: {error}") from error
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) != 0o600:
+                raise TransportError(
+                    f"shared memory: segment {name} has owner {info.st_uid} and mode "
+                    f"{stat.S_IMODE(info.st_mode):o}; expected owner {os.getuid()} and mode 600")
+            if info.st_size != size:
+                raise TransportError(f"shared memory: segment {name} is {info.st_size} B, expected {size}")
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, size, mapping, owner=False)
+
+    def unlink(self) -> None:
+        """Remove the name (the memory stays until the last mapping closes); idempotent."""
+        if not self._unlinked:
+            self._unlinked = True
+            try:
+                os.unlink(os.path.join(SHM_DIR, self.name))
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        """Unlink if still named, then drop the mapping when no numpy view still uses it."""
+        self.unlink()
+        self.array = None  # type: ignore[assignment]
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # a view still exists; the mapping goes with it

@@ -1,0 +1,348 @@
+"""The `shm` transport: processes on one machine exchanging chunks through POSIX shared memory.
+
+Each rank owns one segment holding an inbound FIFO from every rank (itself included): a control
+block (head, written by the sender; tail, written by the receiver; each on its own cache line), a
+header per slot (tag, message bytes, offset, chunk bytes) and `slots` data slots of `chunk_bytes`.
+A message is cut into chunks; the sender copies a chunk into a free slot and publishes it by bumping
+head, the receiver copies (or, for `irecv_reduce`, reduces) straight out of the slot and frees it by
+bumping tail. With several slots in flight the two sides overlap, so a large message pipelines.
+Segments are made once per communicator; nothing is allocated per call on the hot path.
+
+Ordering relies on x86's total store order (data stored before head is seen before head); numpy's
+stores are plain stores, so this transport is for x86-64 only until fences are added.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, timeout_error
+from .errors import CollectiveMismatch, PeerLost, TransportError
+from .segment import Segment
+
+CONTROL_BYTES = 128          # head at byte 0, tail at byte 64: two cache lines
+HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
+ALIGN = 4096
+PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
+LIVENESS_PERIOD_S = 0.2
+
+
+def fifo_geometry(size: int) -> tuple[int, int]:
+    """(chunk_bytes, slots) for a group of `size`: 256 KiB x 4, shrunk so big groups fit /dev/shm."""
+    slots = int(os.environ.get("COLLS_SHM_SLOTS", "4"))
+    chunk = int(os.environ.get("COLLS_SHM_CHUNK_BYTES", "0"))
+    if chunk <= 0:
+        chunk = min(256 << 10, PER_RANK_BUDGET // (size * slots))
+        chunk = max(16 << 10, chunk // ALIGN * ALIGN)
+    if chunk % 64 or slots < 1:
+        raise TransportError(f"COLLS_SHM_CHUNK_BYTES must be a multiple of 64 and COLLS_SHM_SLOTS >= 1, "
+                             f"got {chunk} and {slots}")
+    return chunk, slots
+
+
+class _Fifo:
+    """Views of one FIFO (one sender, one receiver) inside a segment."""
+
+    __slots__ = ("control", "headers", "data")
+
+    def __init__(self, segment: np.ndarray, offset: int, chunk: int, slots: int) -> None:
+        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head, [8] tail
+        offset += CONTROL_BYTES
+        header_bytes = slots * HEADER_FIELDS * 8
+        self.headers = segment[offset:offset + header_bytes].view(np.int64).reshape(slots, HEADER_FIELDS)
+        offset += header_bytes
+        self.data = segment[offset:offset + slots * chunk].reshape(slots, chunk)
+
+
+def _fifo_bytes(chunk: int, slots: int) -> int:
+    raw = CONTROL_BYTES + slots * HEADER_FIELDS * 8 + slots * chunk
+    return (raw + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Out(Request):
+    __slots__ = ("data", "pos", "started")
+
+    def __init__(self, peer: int, tag: int, buf: np.ndarray) -> None:
+        super().__init__("send", peer, tag, buf.nbytes)
+        self.data = buf.view(np.uint8)
+        self.pos = 0
+        self.started = False
+
+
+class _In(Request):
+    __slots__ = ("buf", "data", "reducer", "pos", "stash")
+
+    def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
+                 stash: bool = False) -> None:
+        super().__init__("recv", peer, tag, buf.nbytes)
+        self.buf = buf
+        self.data = buf.view(np.uint8)
+        self.reducer = reducer
+        self.pos = 0
+        self.stash = stash
+
+    def take(self, chunk: np.ndarray) -> None:
+        """Copy or reduce one chunk of bytes at the current position."""
+        n = chunk.shape[0]
+        if n:
+            target = self.data[self.pos:self.pos + n]
+            if self.reducer is None:
+                np.copyto(target, chunk)
+            else:
+                dtype = self.buf.dtype
+                self.reducer(target.view(dtype), chunk.view(dtype))
+        self.pos += n
+
+
+class ShmTransport(Transport):
+    """One process's end of a shared-memory group."""
+
+    name = "shm"
+
+    def __init__(self, rank: int, size: int, exchange: Exchange, job: str | None = None) -> None:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise TransportError(f"the shm transport relies on x86-64 store ordering; this is "
+                                 f"{platform.machine()} (use the mpi transport)")
+        self.rank, self.size = rank, size
+        self.chunk, self.slots = fifo_geometry(size)
+        fifo_bytes = _fifo_bytes(self.chunk, self.slots)
+        self.segment = Segment.create(fifo_bytes * size, job)
+        self.peers: list[Segment] = []
+        try:
+            # Everyone learns everyone's segment name and pid, maps them, and says so; only then
+            # does each owner unlink its own, so that a crash from here on leaks nothing.
+            mine = struct.pack("<qq", os.getpid(), fifo_bytes) + self.segment.name.encode()
+            table = exchange(mine)
+            self.pids = [struct.unpack("<qq", entry[:16])[0] for entry in table]
+            for peer, entry in enumerate(table):
+                _, peer_fifo_bytes = struct.unpack("<qq", entry[:16])
+                if peer_fifo_bytes != fifo_bytes:
+                    raise TransportError(f"rank {peer} uses another FIFO geometry; set COLLS_SHM_* alike")
+                name = entry[16:].decode()
+                self.peers.append(self.segment if peer == rank else Segment.attach(name, fifo_bytes * size))
+            exchange(b"mapped")
+        finally:
+            self.segment.unlink()
+        # inbound[p]: the FIFO from p in my segment; outbound[p]: the FIFO to p in p's segment
+        self.inbound = [_Fifo(self.segment.array, p * fifo_bytes, self.chunk, self.slots)
+                        for p in range(size)]
+        self.outbound = [_Fifo(self.peers[p].array, rank * fifo_bytes, self.chunk, self.slots)
+                         for p in range(size)]
+        self.sent_head = [0] * size      # my copy of outbound head (I am its only writer)
+        self.read_tail = [0] * size      # my copy of inbound tail (I am its only writer)
+        self.sends: list[deque[_Out]] = [deque() for _ in range(size)]
+        self.posted: list[list[_In]] = [[] for _ in range(size)]
+        self.current: list[_In | None] = [None] * size
+        self.stashed: list[list[_In]] = [[] for _ in range(size)]
+        self.active_out: set[int] = set()
+        self.active_in: set[int] = set()
+        self.closed = False
+
+    # -- posting ---------------------------------------------------------------------------------
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "shm send")
+        request = _Out(peer, tag, buf)
+        self.sends[peer].append(request)
+        self.active_out.add(peer)
+        self._push(peer)  # start right away: the first chunks go out before anyone waits
+        return request
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "shm receive")
+        return self._post(_In(peer, tag, buf, None))
+
+    def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
+        check_buffer(buf, "shm receive-reduce")
+        return self._post(_In(peer, tag, buf, reducer))
+
+    def _post(self, request: _In) -> Request:
+        self.posted[request.peer].append(request)
+        self.active_in.add(request.peer)
+        self._serve_stash(request.peer)
+        return request
+
+    # -- progress --------------------------------------------------------------------------------
+
+    def _push(self, peer: int) -> bool:
+        """Copy as many chunks of queued sends to `peer` as there are free slots."""
+        fifo, queue = self.outbound[peer], self.sends[peer]
+        head, chunk, slots = self.sent_head[peer], self.chunk, self.slots
+        moved = False
+        while queue:
+            send = queue[0]
+            free = slots - (head - int(fifo.control[8]))
+            while free > 0 and (send.pos < send.nbytes or not send.started):
+                n = min(chunk, send.nbytes - send.pos)
+                slot = head % slots
+                fifo.headers[slot] = (send.tag, send.nbytes, send.pos, n)
+                if n:
+                    fifo.data[slot, :n] = send.data[send.pos:send.pos + n]
+                send.pos += n
+                send.started = True
+                head += 1
+                free -= 1
+                fifo.control[0] = head   # publish each chunk at once so the receiver can start
+                moved = True
+            if send.pos < send.nbytes or not send.started:
+                break
+            send.done = True
+            queue.popleft()
+        self.sent_head[peer] = head
+        if not queue:
+            self.active_out.discard(peer)
+        return moved
+
+    def _pull(self, peer: int) -> bool:
+        """Consume the chunks that `peer` has published, into matching receives."""
+        fifo = self.inbound[peer]
+        tail = self.read_tail[peer]
+        head = int(fifo.control[0])
+        moved = False
+        while tail < head:
+            slot = tail % self.slots
+            tag, message_bytes, offset, n = fifo.headers[slot].tolist()
+            request = self.current[peer]
+            if request is None:
+                request = self._match(peer, tag, message_bytes)
+                if request is None:
+                    break                  # nobody wants it yet: leave it in the FIFO
+                self.current[peer] = request
+            if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
+                    or message_bytes != request.nbytes or tag != request.tag):
+                raise CollectiveMismatch(
+                    f"rank {self.rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) "
+                    f"but rank {peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset "
+                    f"{offset}, {n} B): the ranks called different operations")
+            request.take(fifo.data[slot, :n])
+            tail += 1
+            fifo.control[8] = tail
+            moved = True
+            if request.pos >= request.nbytes:
+                request.done = True
+                self.current[peer] = None
+                if request.stash:
+                    self._serve_stash(peer)
+        self.read_tail[peer] = tail
+        if not self.posted[peer] and self.current[peer] is None:
+            self.active_in.discard(peer)
+        return moved
+
+    def _match(self, peer: int, tag: int, message_bytes: int) -> _In | None:
+        """The earliest posted receive for a new message; stash it if receives wait for other tags."""
+        posted = self.posted[peer]
+        for i, request in enumerate(posted):
+            if request.tag == tag:
+                if message_bytes != request.nbytes:
+                    raise CollectiveMismatch(
+                        f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
+                        f"(tag {tag}) but rank {peer} sent {message_bytes} B")
+                return posted.pop(i)
+        if not posted:
+            return None
+        # Receives wait on other tags behind this message: take it aside (the rare, allocating path:
+        # point-to-point messages out of tag order) so the FIFO keeps moving.
+        stash = _In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
+        self.stashed[peer].append(stash)
+        return stash
+
+    def _serve_stash(self, peer: int) -> None:
+        """Complete posted receives from fully stashed messages with their tag, oldest first."""
+        stashed, posted = self.stashed[peer], self.posted[peer]
+        for stash in list(stashed):
+            if not stash.done:
+                break
+            for i, request in enumerate(posted):
+                if request.tag == stash.tag:
+                    if request.nbytes != stash.nbytes:
+                        raise CollectiveMismatch(
+                            f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
+                            f"(tag {stash.tag}) but rank {peer} sent {stash.nbytes} B")
+                    del posted[i]
+                    request.take(stash.data)
+                    request.done = True
+                    stashed.remove(stash)
+                    break
+
+    def progress(self) -> bool:
+        """One pass over every active FIFO; true if anything moved."""
+        moved = False
+        for peer in tuple(self.active_out):
+            moved |= self._push(peer)
+        for peer in tuple(self.active_in):
+            moved |= self._pull(peer)
+        return moved
+
+    def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        backoff = Backoff()
+        next_liveness = time.monotonic() + LIVENESS_PERIOD_S
+        while True:
+            if self.progress():
+                backoff.reset()
+            if all(r.done for r in requests):
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise timeout_error(requests, deadline)
+            if now >= next_liveness:
+                next_liveness = now + LIVENESS_PERIOD_S
+                self._check_alive(requests)
+            backoff.pause()
+
+    def _check_alive(self, requests: Sequence[Request]) -> None:
+        for request in requests:
+            if not request.done and not _alive(self.pids[request.peer]):
+                raise PeerLost(f"rank {request.peer} (pid {self.pids[request.peer]}) has died; rank "
+                               f"{self.rank} was waiting for its {request!r}", request.peer)
+
+    # -- groups and teardown ---------------------------------------------------------------------
+
+    def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
+        # Only members take part in the new group's own exchanges; they are carried over `exchange`
+        # (collective over this whole group), each member picking out its group's entries.
+        members = list(ranks)
+
+        def group_exchange(data: bytes) -> list[bytes]:
+            table = exchange(data if members else b"")
+            return [table[r] for r in members]
+
+        if not members:
+            group_exchange(b"")     # the name round
+            group_exchange(b"")     # the "mapped" round
+            return None
+        return ShmTransport(members.index(self.rank), len(members), group_exchange)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.inbound = self.outbound = []
+        for segment in self.peers:
+            if segment is not self.segment:
+                segment.close()
+        self.segment.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
