@@ -105,3 +105,21 @@ class Segment:
             self._mmap.close()
         except BufferError:
             pass  # a view still exists; the mapping goes with it
+
+
+def remove_job_segments(job: str) -> int:
+    """Remove every segment of job `job` still named in /dev/shm (after a crash); returns how many."""
+    removed = 0
+    prefix = f"{PREFIX}{job}-"
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed

@@ -1,0 +1,86 @@
+"""Reduction operators: which dtypes each accepts, and how two operands combine in rank order.
+
+Every reduction in `algorithms` combines a lower-ranked operand on the left with a higher-ranked one
+on the right (`left ∘ right`), so an algorithm that keeps rank order gives the right answer for a
+non-commutative operator, and those that cannot say so (`commutative_only` in the registry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# numpy dtype kinds: b bool, i signed, u unsigned, f float, c complex, V structured (user ops only)
+NUMERIC = frozenset("biufc")
+ORDERED = frozenset("biuf")
+BITWISE = frozenset("biu")
+
+
+class Op:
+    """A reduction operator: a binary numpy ufunc or a function of two arrays returning a third.
+
+    `Op(np.maximum, commutative=True)` or `Op(lambda a, b: a @ b, commutative=False)`; user
+    functions see equal-length 1-D slices of the buffers (use a structured dtype to keep elements
+    such as 2x2 matrices whole) and must not modify their inputs.
+    """
+
+    def __init__(self, fn: Callable, commutative: bool = False, name: str | None = None,
+                 kinds: frozenset[str] | None = None) -> None:
+        self.fn = fn
+        self.commutative = commutative
+        self.name = name or getattr(fn, "__name__", "user_op")
+        self.kinds = kinds  # None: any dtype (user ops decide for themselves)
+        self.is_ufunc = isinstance(fn, np.ufunc)
+
+    def __repr__(self) -> str:
+        return f"colls.{self.name}" if self.kinds is not None else f"colls.Op({self.name})"
+
+    def check(self, dtype: np.dtype) -> None:
+        """Raise TypeError if this operator makes no sense on `dtype`."""
+        if self.kinds is not None and dtype.kind not in self.kinds:
+            raise TypeError(f"{self.name} is not defined on dtype {dtype}")
+
+    def combine(self, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+        """out = left ∘ right (out may be left or right)."""
+        if self.is_ufunc:
+            self.fn(left, right, out=out)
+        else:
+            out[...] = self.fn(left, right)
+
+    def into_left(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
+        """accumulator = accumulator ∘ incoming: the incoming data is from higher ranks."""
+        self.combine(accumulator, incoming, accumulator)
+
+    def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
+        """accumulator = incoming ∘ accumulator: the incoming data is from lower ranks."""
+        self.combine(incoming, accumulator, accumulator)
+
+    def finish(self, result: np.ndarray, size: int) -> None:
+        """Post-processing once every contribution is in (AVG divides); nothing for most ops."""
+        return None
+
+
+class _Average(Op):
+    """SUM, then divide by the number of ranks (integers truncate toward zero, as NCCL's ncclAvg)."""
+
+    def finish(self, result: np.ndarray, size: int) -> None:
+        if result.dtype.kind in "fc":
+            np.divide(result, size, out=result, casting="unsafe")
+        else:
+            negative = result < 0
+            np.abs(result, out=result)
+            np.floor_divide(result, size, out=result)
+            np.negative(result, out=result, where=negative)
+
+
+SUM = Op(np.add, True, "SUM", NUMERIC)
+PROD = Op(np.multiply, True, "PROD", NUMERIC)
+MIN = Op(np.minimum, True, "MIN", ORDERED)
+MAX = Op(np.maximum, True, "MAX", ORDERED)
+AVG = _Average(np.add, True, "AVG", frozenset("iufc"))
+BAND = Op(np.bitwise_and, True, "BAND", BITWISE)
+BOR = Op(np.bitwise_or, True, "BOR", BITWISE)
+BXOR = Op(np.bitwise_xor, True, "BXOR", BITWISE)
+
+BUILTIN = {op.name: op for op in (SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR)}

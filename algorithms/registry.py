@@ -1,0 +1,44 @@
+"""The catalogue: every algorithm of every collective, by name, with what it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One schedule of one collective: its function and the facts selection needs."""
+
+    collective: str
+    name: str
+    run: Callable
+    summary: str
+    commutative_only: bool = False   # cannot keep rank order, so refuses non-commutative ops
+
+
+CATALOGUE: dict[str, dict[str, Algorithm]] = {}
+
+
+def register(collective: str, name: str, summary: str, *, commutative_only: bool = False):
+    """Decorator adding an algorithm function to the catalogue under (collective, name)."""
+
+    def add(fn: Callable) -> Callable:
+        CATALOGUE.setdefault(collective, {})[name] = Algorithm(collective, name, fn, summary,
+                                                               commutative_only)
+        return fn
+
+    return add
+
+
+def names(collective: str) -> list[str]:
+    """The algorithm names `algorithm=` accepts for `collective`."""
+    return list(CATALOGUE.get(collective, {}))
+
+
+def lookup(collective: str, name: str) -> Algorithm:
+    """The algorithm `name` of `collective`, or a KeyError listing the ones that exist."""
+    try:
+        return CATALOGUE[collective][name]
+    except KeyError:
+        raise KeyError(f"no {collective} algorithm named {name!r}; choose from {names(collective)}") from None

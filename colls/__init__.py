@@ -1,0 +1,35 @@
+"""colls: collective communication from scratch, over pluggable transports.
+
+    comm = colls.init()
+    y = comm.all_reduce(x, op=colls.SUM)
+"""
+
+from algorithms import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Op
+from algorithms import names as _names
+from transports.errors import (
+    CollectiveMismatch,
+    CollectiveTimeout,
+    CollsError,
+    InvalidArgument,
+    PeerLost,
+    TransportError,
+)
+
+from .bootstrap import init
+from .communicator import Communicator
+from .executor import Work
+from .spawn import SpawnError, spawn
+
+__version__ = "0.1.0"
+
+
+def algorithms(collective: str) -> list[str]:
+    """The names that `algorithm=` accepts for `collective` ("all_reduce", "broadcast", ...)."""
+    return _names(collective)
+
+
+__all__ = [
+    "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
+    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "InvalidArgument", "PeerLost",
+    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "init", "spawn",
+]

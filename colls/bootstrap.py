@@ -1,0 +1,85 @@
+"""`colls.init()`: find this process's peers from the launcher's or mpiexec's environment."""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+from transports.errors import InvalidArgument
+
+from .communicator import Communicator
+
+TRANSPORTS = ("local", "shm", "mpi")
+_MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+_world: Communicator | None = None
+
+
+def under_mpiexec() -> bool:
+    """Whether mpiexec (MPICH's Hydra, Open MPI, MVAPICH) started this process."""
+    return any(name in os.environ for name in _MPI_RANK_VARIABLES)
+
+
+def init(transport: str | None = None, timeout: float | None = None) -> Communicator:
+    """The world communicator: from `colls run`/`colls.spawn`, from mpiexec, or a group of one.
+
+    The transport is `transport`, else COLLS_TRANSPORT, else `shm` under `colls run` and `mpi` under
+    mpiexec. Calling it again returns the same communicator.
+    """
+    global _world
+    if _world is not None and not _world.closed:
+        return _world
+    kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
+    if kind is not None and kind not in TRANSPORTS:
+        raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS} (COLLS_TRANSPORT)")
+    env = os.environ
+    if "COLLS_RANK" in env and not under_mpiexec():
+        _world = _from_launcher(kind or "shm", int(env["COLLS_RANK"]), int(env["COLLS_WORLD_SIZE"]), timeout)
+    elif under_mpiexec():
+        _world = _from_mpiexec(kind or "mpi", timeout)
+    else:
+        _world = _singleton(kind or "local", timeout)
+    atexit.register(_world.close)
+    return _world
+
+
+def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Communicator:
+    if kind == "shm":
+        from transports.bootstrap import FileBootstrap
+        from transports.shm import ShmTransport
+
+        rendezvous = FileBootstrap(os.environ["COLLS_RENDEZVOUS"], rank, size)
+        return Communicator(ShmTransport(rank, size, rendezvous.all_gather), timeout)
+    if kind == "mpi":
+        raise InvalidArgument("the mpi transport needs MPI's launcher: mpiexec -n N python script.py")
+    raise InvalidArgument("the local transport runs ranks as threads of one process: use "
+                          "colls.spawn(fn, nprocs, transport='local')")
+
+
+def _from_mpiexec(kind: str, timeout: float | None) -> Communicator:
+    from transports.mpi import MpiTransport, import_mpi
+
+    MPI = import_mpi()
+    if kind == "mpi":
+        return Communicator(MpiTransport(), timeout)
+    if kind == "shm":
+        from transports.shm import ShmTransport
+
+        world = MPI.COMM_WORLD   # only to swap segment names: MPI's allgather of a few bytes
+        return Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather), timeout)
+    raise InvalidArgument("the local transport runs ranks as threads of one process; under mpiexec "
+                          "use COLLS_TRANSPORT=mpi or shm")
+
+
+def _singleton(kind: str, timeout: float | None) -> Communicator:
+    """A group of one, for a plain `python script.py`."""
+    if kind == "mpi":
+        from transports.mpi import MpiTransport
+
+        return Communicator(MpiTransport(), timeout)
+    if kind == "shm":
+        from transports.shm import ShmTransport
+
+        return Communicator(ShmTransport(0, 1, lambda data: [data]), timeout)
+    from transports.local import LocalWorld
+
+    return Communicator(LocalWorld(1).transport(0), timeout)

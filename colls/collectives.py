@@ -1,0 +1,228 @@
+"""The collectives of `Communicator`: each checks its arguments, prepares buffers, then runs one
+algorithm over a `Channel`. Buffers handed to algorithms are flat views, so nothing is copied twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from algorithms import DEFAULTS, SUM, Op
+from algorithms.blocks import offsets
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+Result = Any  # the array (or None), or a Work handle when async_op=True
+
+
+class Collectives:
+    """Mixin with every collective; `Communicator` supplies `_check`, `_run` and the transport."""
+
+    def all_reduce(self: Communicator, x, op: Op | str = SUM, out: np.ndarray | None = None,
+                   algorithm: str | None = None, async_op: bool = False,
+                   timeout: float | None = None) -> Result:
+        """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
+        check = self._check
+        x = check.array("all_reduce", x)
+        op = check.op("all_reduce", op, x.dtype)
+        algo = check.algorithm("all_reduce", algorithm, DEFAULTS["all_reduce"], op)
+        result, work = _result_buffer(check.output("all_reduce", out, x.shape, x.dtype), x.shape, x.dtype)
+        if work is not x:
+            np.copyto(work, x)
+        flat = work.reshape(-1)
+
+        def body(channel):
+            algo.run(channel, flat, op)
+            op.finish(flat, self.size)
+            return _deliver(result, work)
+
+        return self._run("all_reduce", algo.name, x, body, async_op, timeout, op=op)
+
+    def broadcast(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
+                  algorithm: str | None = None, async_op: bool = False,
+                  timeout: float | None = None) -> Result:
+        """Copy the root's `x` to every rank; all ranks pass arrays of the same shape and dtype."""
+        check = self._check
+        x = check.array("broadcast", x)
+        root = check.root("broadcast", root)
+        algo = check.algorithm("broadcast", algorithm, DEFAULTS["broadcast"])
+        result, work = _result_buffer(check.output("broadcast", out, x.shape, x.dtype), x.shape, x.dtype)
+        if self.rank == root and work is not x:
+            np.copyto(work, x)
+        flat = work.reshape(-1)
+
+        def body(channel):
+            algo.run(channel, flat, root)
+            return _deliver(result, work)
+
+        return self._run("broadcast", algo.name, x, body, async_op, timeout, root=root)
+
+    def reduce(self: Communicator, x, root: int = 0, op: Op | str = SUM, out: np.ndarray | None = None,
+               algorithm: str | None = None, async_op: bool = False,
+               timeout: float | None = None) -> Result:
+        """Reduce `x` over all ranks onto `root`; the root gets the result, the others None."""
+        check = self._check
+        x = check.array("reduce", x)
+        root = check.root("reduce", root)
+        op = check.op("reduce", op, x.dtype)
+        algo = check.algorithm("reduce", algorithm, DEFAULTS["reduce"], op)
+        given = check.output("reduce", out, x.shape, x.dtype) if self.rank == root else None
+        work = np.array(x, copy=True)   # every rank's buffer is scratch for the tree
+        flat = work.reshape(-1)
+
+        def body(channel):
+            algo.run(channel, flat, op, root)
+            if self.rank != root:
+                return None
+            op.finish(flat, self.size)
+            if given is not None:
+                given[...] = work
+                return given
+            return work
+
+        return self._run("reduce", algo.name, x, body, async_op, timeout, root=root, op=op)
+
+    def all_gather(self: Communicator, x, out: np.ndarray | None = None, algorithm: str | None = None,
+                   async_op: bool = False, timeout: float | None = None) -> Result:
+        """Concatenate every rank's `x` along axis 0, in rank order, on every rank."""
+        check = self._check
+        x = check.rows("all_gather", check.array("all_gather", x))
+        algo = check.algorithm("all_gather", algorithm, DEFAULTS["all_gather"])
+        shape = (self.size * x.shape[0], *x.shape[1:])
+        result, work = _result_buffer(check.output("all_gather", out, shape, x.dtype), shape, x.dtype)
+
+        def body(channel):
+            algo.run(channel, x.reshape(-1), work.reshape(-1))
+            return _deliver(result, work)
+
+        return self._run("all_gather", algo.name, x, body, async_op, timeout)
+
+    def reduce_scatter(self: Communicator, x, op: Op | str = SUM, out: np.ndarray | None = None,
+                       algorithm: str | None = None, async_op: bool = False,
+                       timeout: float | None = None) -> Result:
+        """Reduce `x` over all ranks and give rank i block i of axis 0 (size equal blocks)."""
+        check = self._check
+        x = check.rows("reduce_scatter", check.array("reduce_scatter", x))
+        rows = check.divisible("reduce_scatter", x)
+        op = check.op("reduce_scatter", op, x.dtype)
+        algo = check.algorithm("reduce_scatter", algorithm, DEFAULTS["reduce_scatter"], op)
+        shape = (rows, *x.shape[1:])
+        result, work = _result_buffer(check.output("reduce_scatter", out, shape, x.dtype), shape, x.dtype)
+        scratch = np.array(x, copy=True).reshape(-1)
+
+        def body(channel):
+            flat = work.reshape(-1)
+            algo.run(channel, scratch, flat, op)
+            op.finish(flat, self.size)
+            return _deliver(result, work)
+
+        return self._run("reduce_scatter", algo.name, x, body, async_op, timeout, op=op)
+
+    def all_to_all(self: Communicator, x, out: np.ndarray | None = None, algorithm: str | None = None,
+                   async_op: bool = False, timeout: float | None = None) -> Result:
+        """Send block i of axis 0 to rank i; block j of the result came from rank j."""
+        check = self._check
+        x = check.rows("all_to_all", check.array("all_to_all", x))
+        check.divisible("all_to_all", x)
+        algo = check.algorithm("all_to_all", algorithm, DEFAULTS["all_to_all"])
+        result, work = _result_buffer(check.output("all_to_all", out, x.shape, x.dtype), x.shape, x.dtype)
+
+        def body(channel):
+            algo.run(channel, x.reshape(-1), work.reshape(-1))
+            return _deliver(result, work)
+
+        return self._run("all_to_all", algo.name, x, body, async_op, timeout)
+
+    def all_to_all_v(self: Communicator, x, send_counts, algorithm: str | None = None,
+                     async_op: bool = False, timeout: float | None = None) -> Result:
+        """Send `send_counts[i]` rows of axis 0 to rank i; returns (rows received, recv_counts)."""
+        check = self._check
+        x = check.rows("all_to_all_v", check.array("all_to_all_v", x))
+        counts = check.counts("all_to_all_v", send_counts, x.shape[0])
+        algo = check.algorithm("all_to_all_v", algorithm, DEFAULTS["all_to_all_v"])
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        send_elements = [c * row for c in counts]
+
+        def body(channel):
+            # first the counts (one int64 per peer, pairwise), then the rows themselves
+            mine = np.asarray(counts, np.int64)
+            theirs = np.empty(self.size, np.int64)
+            algo_counts = DEFAULTS["all_to_all"]
+            check.algorithm("all_to_all", algo_counts, algo_counts).run(channel, mine, theirs)
+            recv_counts = theirs.tolist()
+            out = np.empty((sum(recv_counts), *x.shape[1:]), x.dtype)
+            recv_elements = [c * row for c in recv_counts]
+            algo.run(channel, x.reshape(-1), send_elements, offsets(send_elements), out.reshape(-1),
+                     recv_elements, offsets(recv_elements))
+            return out, recv_counts
+
+        return self._run("all_to_all_v", algo.name, x, body, async_op, timeout)
+
+    def gather(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
+               algorithm: str | None = None, async_op: bool = False,
+               timeout: float | None = None) -> Result:
+        """Concatenate every rank's `x` along axis 0 on `root`; None on the other ranks."""
+        check = self._check
+        x = check.rows("gather", check.array("gather", x))
+        root = check.root("gather", root)
+        algo = check.algorithm("gather", algorithm, DEFAULTS["gather"])
+        shape = (self.size * x.shape[0], *x.shape[1:])
+        result = work = None
+        if self.rank == root:
+            result, work = _result_buffer(check.output("gather", out, shape, x.dtype), shape, x.dtype)
+
+        def body(channel):
+            algo.run(channel, x.reshape(-1), None if work is None else work.reshape(-1), root)
+            return None if work is None else _deliver(result, work)
+
+        return self._run("gather", algo.name, x, body, async_op, timeout, root=root)
+
+    def scatter(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
+                algorithm: str | None = None, async_op: bool = False,
+                timeout: float | None = None) -> Result:
+        """Give rank i block i of the root's `x` (axis 0 in size equal blocks).
+
+        Every rank passes an `x` of the root's shape and dtype (only the root's contents are read),
+        or an `out` of the block's shape, as MPI ranks describe their receive buffers.
+        """
+        check = self._check
+        if x is None and out is not None and self.rank != root:
+            x = np.empty((self.size * out.shape[0], *out.shape[1:]) if out.ndim else (self.size,), out.dtype)
+        x = check.rows("scatter", check.array("scatter", x))
+        root = check.root("scatter", root)
+        rows = check.divisible("scatter", x)
+        algo = check.algorithm("scatter", algorithm, DEFAULTS["scatter"])
+        shape = (rows, *x.shape[1:])
+        result, work = _result_buffer(check.output("scatter", out, shape, x.dtype), shape, x.dtype)
+
+        def body(channel):
+            algo.run(channel, x.reshape(-1) if self.rank == root else None, work.reshape(-1), root)
+            return _deliver(result, work)
+
+        return self._run("scatter", algo.name, x, body, async_op, timeout, root=root)
+
+    def barrier(self: Communicator, algorithm: str | None = None, async_op: bool = False,
+                timeout: float | None = None) -> Result:
+        """Return only once every rank of the group has entered the barrier."""
+        algo = self._check.algorithm("barrier", algorithm, DEFAULTS["barrier"])
+        return self._run("barrier", algo.name, None, algo.run, async_op, timeout)
+
+
+def _result_buffer(given: np.ndarray | None, shape: tuple[int, ...],
+                   dtype: np.dtype) -> tuple[np.ndarray | None, np.ndarray]:
+    """(what to return into, where algorithms write): the user's `out` itself when contiguous."""
+    if given is None:
+        work = np.empty(shape, dtype)
+        return work, work
+    if given.flags.c_contiguous:
+        return given, given
+    return given, np.empty(shape, dtype)   # strided out: work contiguously, copy back at the end
+
+
+def _deliver(result: np.ndarray | None, work: np.ndarray) -> np.ndarray:
+    if result is not None and result is not work:
+        result[...] = work
+        return result
+    return work

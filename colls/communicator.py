@@ -1,0 +1,158 @@
+"""`Communicator`: a group of ranks over one transport, with every collective, p2p and `split`."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
+
+from .collectives import Collectives, Result
+from .describe import Description, Validator
+from .executor import Executor
+
+DEFAULT_TIMEOUT_S = 300.0
+USER_TAG_LIMIT = 1 << 31
+
+
+def default_timeout() -> float:
+    """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
+    return float(os.environ.get("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+class Communicator(Collectives):
+    """A group of `size` ranks; this object is rank `rank`'s end of it."""
+
+    def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world") -> None:
+        self.transport = transport
+        self.rank = transport.rank
+        self.size = transport.size
+        self.name = name
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self._check = Validator(self.rank, self.size)
+        self._executor = Executor(name)
+        self._seq = 0
+        self._splits = 0
+        self._traffic: dict[str, Traffic] = {}
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<colls.Communicator {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
+
+    # -- running one call ------------------------------------------------------------------------
+
+    def _run(self, collective: str, algorithm: str, x: np.ndarray | None, body: Callable[[Channel], Any],
+             async_op: bool, timeout: float | None, *, root: int | None = None, op=None,
+             tag: int | None = None) -> Result:
+        """Give the call its sequence number and tag now (issue order), then run it in order."""
+        if self.closed:
+            raise self._check.fail(collective, "the communicator is closed")
+        seq = self._seq
+        self._seq += 1
+        description = Description(collective, str(x.dtype) if x is not None else "-",
+                                  int(x.size) if x is not None else 0, root,
+                                  getattr(op, "name", None), algorithm, seq)
+        limit = self.timeout if timeout is None else float(timeout)
+        traffic = self._traffic.setdefault(collective, Traffic(self.size))
+        call_tag = COLLECTIVE_TAG_BASE + seq if tag is None else tag
+
+        def job() -> Any:
+            traffic.calls += 1
+            channel = Channel(self.transport, call_tag, time.monotonic() + limit,
+                              f"{self.name} {description.label()}", traffic)
+            return body(channel)
+
+        return self._executor.run(job, description.label(), async_op)
+
+    # -- point to point --------------------------------------------------------------------------
+
+    def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None) -> Result:
+        """Send `x` to rank `dst`; matched by a `recv` from this rank with the same tag."""
+        x = self._check.array("send", x)
+        dst = self._check.peer("send", dst, "dst")
+        tag = self._user_tag("send", tag)
+        flat = x.reshape(-1)
+        return self._run("send", "direct", x, lambda ch: ch.wait(ch.send(flat, dst)), async_op, timeout,
+                         tag=tag)
+
+    def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
+             timeout: float | None = None) -> Result:
+        """Receive into `x` (in place; it must be contiguous and writable) from rank `src`; returns x."""
+        if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
+            raise self._check.fail("recv", "x must be a writable C-contiguous numpy array to receive into")
+        src = self._check.peer("recv", src, "src")
+        tag = self._user_tag("recv", tag)
+        flat = x.reshape(-1)
+
+        def body(channel: Channel) -> np.ndarray:
+            channel.wait(channel.recv(flat, src))
+            return x
+
+        return self._run("recv", "direct", x, body, async_op, timeout, tag=tag)
+
+    def _user_tag(self, what: str, tag: object) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < USER_TAG_LIMIT:
+            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{USER_TAG_LIMIT - 1}")
+        return int(tag)
+
+    # -- groups ----------------------------------------------------------------------------------
+
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        """Ranks with the same `color` form a new communicator, ordered by (`key`, rank); MPI_Comm_split.
+
+        Collective over this communicator. A rank passing `color=None` (or a negative color, like
+        MPI_UNDEFINED) joins no group and gets None.
+        """
+        if color is not None and (isinstance(color, bool) or not isinstance(color, (int, np.integer))):
+            raise self._check.fail("split", f"color must be an int or None, got {color!r}")
+        if key is not None and (isinstance(key, bool) or not isinstance(key, (int, np.integer))):
+            raise self._check.fail("split", f"key must be an int or None, got {key!r}")
+        colour = -1 if color is None or color < 0 else int(color)
+        mine = np.array([colour, self.rank if key is None else int(key)], np.int64)
+        table = self.all_gather(mine.reshape(1, 2))
+        members = [] if colour < 0 else sorted(
+            (r for r in range(self.size) if table[r, 0] == colour), key=lambda r: (table[r, 1], r))
+        self._splits += 1
+        transport = self.transport.subgroup(members, self._exchange)
+        if transport is None:
+            return None
+        return Communicator(transport, self.timeout, f"{self.name}.{self._splits}:{colour}")
+
+    def _exchange(self, data: bytes) -> list[bytes]:
+        """All-gather small byte strings over this communicator (used to set up sub-groups)."""
+        lengths = self.all_gather(np.array([len(data)], np.int64))
+        padded = np.zeros(int(lengths.max()), np.uint8)
+        padded[:len(data)] = np.frombuffer(data, np.uint8)
+        table = self.all_gather(padded.reshape(1, -1))
+        return [table[r, :lengths[r]].tobytes() for r in range(self.size)]
+
+    # -- counters and teardown -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        """Messages and bytes this rank sent and received, per kind of call and per peer."""
+        return {name: traffic.as_dict() for name, traffic in self._traffic.items()}
+
+    def reset_stats(self) -> None:
+        """Zero the counters `stats` returns."""
+        self._traffic.clear()
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait until every asynchronous call issued so far has finished."""
+        self._executor.drain(timeout)
+
+    def close(self) -> None:
+        """Finish pending work and release the transport (segments, MPI communicators)."""
+        if not self.closed:
+            self._executor.drain(self.timeout)
+            self.closed = True
+            self.transport.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

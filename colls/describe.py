@@ -1,0 +1,141 @@
+"""Describe, then execute: arguments normalised and checked once, before any byte moves.
+
+Every collective turns its arguments into a frozen `Description` (as mpi4py's `for_allreduce` does)
+and buffers it can hand to an algorithm. The description serves validation messages, the name in
+timeout errors, byte counters and, later, fingerprints that detect mismatched calls across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from algorithms import BUILTIN, Op, lookup, names
+from algorithms.registry import Algorithm
+from transports.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Description:
+    """What one collective call is: kind, element type and count, root, operator, algorithm."""
+
+    collective: str
+    dtype: str
+    count: int            # elements of this rank's input
+    root: int | None
+    op: str | None
+    algorithm: str
+    seq: int = -1
+
+    def label(self) -> str:
+        """Short text for messages: `all_reduce #3 (ring, 1000 x float32, SUM)`."""
+        parts = [self.algorithm, f"{self.count} x {self.dtype}"]
+        if self.op:
+            parts.append(self.op)
+        if self.root is not None:
+            parts.append(f"root {self.root}")
+        return f"{self.collective} #{self.seq} ({', '.join(parts)})"
+
+
+class Validator:
+    """Argument checks for one rank; every message names the argument and the rank."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
+
+    def fail(self, collective: str, message: str) -> InvalidArgument:
+        """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
+        return InvalidArgument(f"rank {self.rank}: {collective}: {message}")
+
+    def array(self, collective: str, x: object, name: str = "x") -> np.ndarray:
+        """`x` as a C-contiguous numpy array (copied if it was not), or InvalidArgument."""
+        if x is None:
+            raise self.fail(collective, f"{name} is None; pass a numpy array")
+        array = np.asarray(x)
+        if array.dtype.hasobject:
+            raise self.fail(collective, f"{name} has dtype {array.dtype}; object arrays cannot be sent")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)   # never move a strided view's bytes as if contiguous
+        return array
+
+    def output(self, collective: str, out: object, shape: tuple[int, ...], dtype: np.dtype,
+               name: str = "out") -> np.ndarray | None:
+        """Check a user-supplied output array; None if none was given."""
+        if out is None:
+            return None
+        if not isinstance(out, np.ndarray):
+            raise self.fail(collective, f"{name} must be a numpy array, got {type(out).__name__}")
+        if out.shape != shape or out.dtype != dtype:
+            raise self.fail(collective, f"{name} has shape {out.shape} and dtype {out.dtype}; expected "
+                                        f"shape {shape} and dtype {dtype}")
+        if not out.flags.writeable:
+            raise self.fail(collective, f"{name} is read-only")
+        return out
+
+    def root(self, collective: str, root: object) -> int:
+        """`root` as an int in range."""
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+            raise self.fail(collective, f"root must be an int, got {root!r}")
+        if not 0 <= int(root) < self.size:
+            raise self.fail(collective, f"root={root} is out of range for a group of {self.size} ranks")
+        return int(root)
+
+    def peer(self, collective: str, peer: object, name: str) -> int:
+        """A point-to-point peer rank, in range."""
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise self.fail(collective, f"{name}={peer!r} is not a rank of this group of {self.size}")
+        return int(peer)
+
+    def op(self, collective: str, op: object, dtype: np.dtype) -> Op:
+        """The operator, checked against the dtype (a TypeError for pairs that make no sense)."""
+        if isinstance(op, str):
+            op = BUILTIN.get(op.upper(), op)
+        if not isinstance(op, Op):
+            raise self.fail(collective, f"op must be colls.SUM, colls.MAX, ... or a colls.Op, got {op!r}")
+        try:
+            op.check(dtype)
+        except TypeError as error:
+            raise TypeError(f"rank {self.rank}: {collective}: {error}") from None
+        return op
+
+    def algorithm(self, collective: str, algorithm: str | None, default: str,
+                  op: Op | None = None) -> Algorithm:
+        """The chosen algorithm (the default if None), refusing one that breaks rank order for `op`."""
+        name = algorithm or default
+        try:
+            chosen = lookup(collective, name)
+        except KeyError:
+            raise self.fail(collective, f"algorithm={name!r} is unknown; choose from {names(collective)}"
+                            ) from None
+        if op is not None and chosen.commutative_only and not op.commutative:
+            order_keeping = [a for a in names(collective) if not lookup(collective, a).commutative_only]
+            if algorithm is None and order_keeping:
+                return lookup(collective, order_keeping[0])
+            raise self.fail(collective, f"algorithm {name!r} reorders operands and {op!r} is not "
+                                        f"commutative; pick one of {order_keeping}")
+        return chosen
+
+    def rows(self, collective: str, x: np.ndarray, name: str = "x") -> np.ndarray:
+        """`x` with at least one axis (a scalar counts as one row)."""
+        return x.reshape(1) if x.ndim == 0 else x
+
+    def divisible(self, collective: str, x: np.ndarray, name: str = "x") -> int:
+        """Rows per rank when axis 0 of `x` must split into `size` equal blocks."""
+        if x.shape[0] % self.size:
+            raise self.fail(collective, f"axis 0 of {name} has length {x.shape[0]}, which does not split "
+                                        f"into {self.size} equal blocks")
+        return x.shape[0] // self.size
+
+    def counts(self, collective: str, counts: object, total: int, name: str = "send_counts") -> list[int]:
+        """Per-rank row counts: `size` non-negative ints adding up to `total`."""
+        try:
+            values = [int(c) for c in counts]  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            raise self.fail(collective, f"{name} must be a sequence of {self.size} ints") from None
+        if len(values) != self.size or any(c < 0 for c in values):
+            raise self.fail(collective, f"{name}={values} must hold {self.size} non-negative counts")
+        if sum(values) != total:
+            raise self.fail(collective, f"{name} adds up to {sum(values)} rows but x has {total}")
+        return values

@@ -1,0 +1,98 @@
+"""Ordering of a communicator's calls: blocking ones inline, `async_op=True` ones on a worker.
+
+Every rank issues a communicator's collectives in the same order, and each transport matches
+messages in posting order, so the calls must also *run* in issue order. A blocking call on an idle
+communicator runs straight in the caller's thread (no hand-off cost for small messages); one issued
+while asynchronous work is queued goes behind it. The worker is one thread per communicator, like
+one CUDA stream per NCCL communicator.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+
+class Work:
+    """Handle of an asynchronous call: `wait()` returns its result or raises its error."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        """Whether the call has finished (successfully or not)."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the call finishes and return its result; the call's own deadline bounds this."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.description} has not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+
+class Executor:
+    """Runs a communicator's jobs one at a time in issue order."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._running = threading.Lock()   # held while a job runs, inline or on the worker
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Callable[[], Any], Work]] = deque()
+        self._pending = 0                  # queued or running on the worker
+        self._worker: threading.Thread | None = None
+
+    def run(self, job: Callable[[], Any], description: str, async_op: bool) -> Any:
+        """Run `job` now (blocking) or on the worker (async), keeping issue order either way."""
+        if not async_op:
+            with self._cond:
+                idle = self._pending == 0
+            if idle:
+                with self._running:
+                    return job()
+            return self.submit(job, description).wait()
+        return self.submit(job, description)
+
+    def submit(self, job: Callable[[], Any], description: str) -> Work:
+        """Queue `job` behind everything issued before it; returns its handle."""
+        work = Work(description)
+        with self._cond:
+            self._queue.append((job, work))
+            self._pending += 1
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name=f"colls-{self.name}", daemon=True)
+                self._worker.start()
+            self._cond.notify()
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                job, work = self._queue.popleft()
+            try:
+                with self._running:
+                    result = job()
+            except BaseException as error:  # handed to whoever waits on the work
+                work._finish(error=error)
+            else:
+                work._finish(result)
+            with self._cond:
+                self._pending -= 1
+                self._cond.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no asynchronous job is queued or running; false on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
