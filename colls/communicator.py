@@ -24,6 +24,19 @@ def default_timeout() -> float:
     return float(os.environ.get("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
+class _Label:
+    """A call's name for error messages, formatted only if an error needs it."""
+
+    __slots__ = ("group", "description")
+
+    def __init__(self, group: str, description: Description) -> None:
+        self.group = group
+        self.description = description
+
+    def __str__(self) -> str:
+        return f"{self.group} {self.description.label()}"
+
+
 class Communicator(Collectives):
     """A group of `size` ranks; this object is rank `rank`'s end of it."""
 
@@ -53,20 +66,20 @@ class Communicator(Collectives):
             raise self._check.fail(collective, "the communicator is closed")
         seq = self._seq
         self._seq += 1
-        description = Description(collective, str(x.dtype) if x is not None else "-",
-                                  int(x.size) if x is not None else 0, root,
+        description = Description(collective, x.dtype.name if x is not None else "-",
+                                  x.size if x is not None else 0, root,
                                   getattr(op, "name", None), algorithm, seq)
         limit = self.timeout if timeout is None else float(timeout)
-        traffic = self._traffic.setdefault(collective, Traffic(self.size))
+        traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
         call_tag = COLLECTIVE_TAG_BASE + seq if tag is None else tag
 
         def job() -> Any:
             traffic.calls += 1
             channel = Channel(self.transport, call_tag, time.monotonic() + limit,
-                              f"{self.name} {description.label()}", traffic)
+                              _Label(self.name, description), traffic)
             return body(channel)
 
-        return self._executor.run(job, description.label(), async_op)
+        return self._executor.run(job, description, async_op)
 
     # -- point to point --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any
 class Work:
     """Handle of an asynchronous call: `wait()` returns its result or raises its error."""
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: object) -> None:
         self.description = description
         self._event = threading.Event()
         self._result: Any = None
@@ -52,7 +52,7 @@ class Executor:
         self._pending = 0                  # queued or running on the worker
         self._worker: threading.Thread | None = None
 
-    def run(self, job: Callable[[], Any], description: str, async_op: bool) -> Any:
+    def run(self, job: Callable[[], Any], description: object, async_op: bool) -> Any:
         """Run `job` now (blocking) or on the worker (async), keeping issue order either way."""
         if not async_op:
             with self._cond:
@@ -63,7 +63,7 @@ class Executor:
             return self.submit(job, description).wait()
         return self.submit(job, description)
 
-    def submit(self, job: Callable[[], Any], description: str) -> Work:
+    def submit(self, job: Callable[[], Any], description: object) -> Work:
         """Queue `job` behind everything issued before it; returns its handle."""
         work = Work(description)
         with self._cond:

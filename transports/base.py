@@ -131,7 +131,7 @@ class Channel:
 
     __slots__ = ("transport", "rank", "size", "tag", "deadline", "what", "traffic")
 
-    def __init__(self, transport: Transport, tag: int, deadline: float, what: str,
+    def __init__(self, transport: Transport, tag: int, deadline: float, what: object,
                  traffic: Traffic | None = None) -> None:
         self.transport = transport
         self.rank = transport.rank
