@@ -1,16 +1,23 @@
-"""all_reduce: every rank ends with the reduction of everyone's buffer, bitwise identical."""
+"""all_reduce: every rank ends with the reduction of everyone's buffer, bitwise identical.
+
+Bitwise identity across ranks holds for floats too: each algorithm either computes every element
+once and copies it around (ps, ring, tree, rabenseifner) or has every rank evaluate the very same
+expression (recursive doubling: both partners compute `lower ∘ higher`).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
+from transports.base import Channel, Request
 
 from .allgather import ring_all_gather_phase
-from .blocks import bounds
+from .blocks import bounds, fold_to_power_of_two, pieces, unfold_rank
 from .ops import Op
+from .reduce import direct as direct_reduce
 from .reduce_scatter import ring_reduce_scatter_phase
 from .registry import register
+from .trees import Tree, double_binary_tree
 
 
 @register("all_reduce", "ring",
@@ -27,3 +34,157 @@ def ring(channel: Channel, buf: np.ndarray, op: Op) -> None:
     starts = bounds(buf.shape[0], channel.size)
     ring_reduce_scatter_phase(channel, buf, starts, op)   # rank r now holds block r reduced
     ring_all_gather_phase(channel, buf, starts)           # and passes it around the ring
+
+
+@register("all_reduce", "ps",
+          "parameter server: workers push to rank 0, which reduces in rank order and sends back")
+def parameter_server(channel: Channel, buf: np.ndarray, op: Op) -> None:
+    """The seed article's first data-parallel scheme: the server takes (n-1) buffers in, sends
+    (n-1) out, and is the bottleneck every other algorithm here removes."""
+    server_rank = 0
+    direct_reduce(channel, buf, op, server_rank)          # every worker's buffer into the server
+    if channel.rank == server_rank:
+        # the server answers every worker with the global result
+        channel.wait(*[channel.send(buf, worker) for worker in range(channel.size) if worker != server_rank])
+    else:
+        channel.wait(channel.recv(buf, server_rank))
+
+
+@register("all_reduce", "ps_sharded",
+          "every rank serves 1/n of the buffer: direct reduce-scatter, then direct all-gather")
+def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
+    """Sharded parameter servers (Li et al. 2014): rank j reduces block j from everyone, in rank order."""
+    rank, size = channel.rank, channel.size
+    starts = bounds(buf.shape[0], size)
+
+    def block(j: int) -> np.ndarray:
+        return buf[starts[j]:starts[j + 1]]
+
+    # push block j of my buffer to its server j, all at once
+    sends = [channel.send(block(j), j) for j in range(size) if j != rank]
+    # as server of my block: fold in the lower ranks' copies on the left, the higher ranks' on the right
+    scratch = np.empty_like(block(rank))
+    for peer in list(range(rank - 1, -1, -1)) + list(range(rank + 1, size)):
+        channel.wait(channel.recv(scratch, peer))
+        (op.into_right if peer < rank else op.into_left)(block(rank), scratch)
+    channel.wait(*sends)
+    # every server sends its reduced block to everyone
+    requests = [channel.send(block(rank), j) for j in range(size) if j != rank]
+    requests += [channel.recv(block(j), j) for j in range(size) if j != rank]
+    channel.wait(*requests)
+
+
+@register("all_reduce", "recursive_doubling",
+          "log2 n rounds of whole-buffer exchanges with rank XOR 2^k: latency-optimal for small buffers")
+def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
+    """Recursive doubling (Thakur, Rabenseifner & Gropp 2005), with MPICH's fold for any n."""
+    rank, size = channel.rank, channel.size
+    if size == 1:
+        return
+    power, new_rank = fold_to_power_of_two(rank, size)
+    scratch = np.empty_like(buf)
+    if _fold_in(channel, buf, op, new_rank):
+        mask = 1
+        while mask < power:
+            partner = unfold_rank(new_rank ^ mask, size)
+            # swap whole partial results with the partner; both compute lower ∘ higher
+            np.copyto(scratch, buf)
+            channel.wait(channel.send(scratch, partner),
+                         channel.recv_reduce(buf, partner, op.into_right if partner < rank else op.into_left))
+            mask <<= 1
+    _fold_out(channel, buf, new_rank)
+
+
+@register("all_reduce", "rabenseifner",
+          "recursive-halving reduce-scatter, then recursive-doubling all-gather: log n steps, 2S moved")
+def rabenseifner(channel: Channel, buf: np.ndarray, op: Op) -> None:
+    """Rabenseifner's algorithm (2004), MPICH's long-message all-reduce, for any n."""
+    rank, size = channel.rank, channel.size
+    if size == 1:
+        return
+    power, new_rank = fold_to_power_of_two(rank, size)
+    if _fold_in(channel, buf, op, new_rank):
+        starts = bounds(buf.shape[0], power)
+        low, high = 0, power          # the blocks I am still responsible for
+        mask = power >> 1
+        while mask:
+            partner = unfold_rank(new_rank ^ mask, size)
+            middle = (low + high) // 2
+            lower, upper = (low, middle), (middle, high)
+            keep, give = (lower, upper) if new_rank & mask == 0 else (upper, lower)
+            # send the half my partner keeps; fold its copy of my half into mine
+            channel.wait(channel.send(buf[starts[give[0]]:starts[give[1]]], partner),
+                         channel.recv_reduce(buf[starts[keep[0]]:starts[keep[1]]], partner,
+                                             op.into_right if partner < rank else op.into_left))
+            low, high = keep
+            mask >>= 1
+        mask = 1
+        while mask < power:
+            partner = unfold_rank(new_rank ^ mask, size)
+            span = high - low
+            partner_low = low + span if new_rank & mask == 0 else low - span
+            # swap the finished blocks: mine for my partner's, doubling what both hold
+            channel.exchange(buf[starts[low]:starts[high]], partner,
+                             buf[starts[partner_low]:starts[partner_low + span]], partner)
+            low, high = min(low, partner_low), max(high, partner_low + span)
+            mask <<= 1
+    _fold_out(channel, buf, new_rank)
+
+
+@register("all_reduce", "tree",
+          "pipelined reduce up and broadcast down a double binary tree, each tree carrying half",
+          commutative_only=True)
+def tree(channel: Channel, buf: np.ndarray, op: Op) -> None:
+    """Double binary tree (NCCL 2.4): two trees, each with half the buffer, cut in pipelined pieces.
+
+    A rank is interior in at most one tree, so its links carry the same load as in a ring, while
+    the depth (and so the latency) grows with log n instead of n.
+    """
+    size = channel.size
+    if size == 1:
+        return
+    half = buf.shape[0] // 2
+    work = list(zip(double_binary_tree(channel.rank, size), (buf[:half], buf[half:]), strict=True))
+    # up: post every piece's receive-reduce from the children at once, then pass each piece up
+    # as soon as it is complete, so the levels of the tree work on different pieces together
+    ups: list[tuple[Tree, np.ndarray, list[Request]]] = []
+    for shape, part in work:
+        for start, stop in pieces(part.shape[0], part.itemsize):
+            piece = part[start:stop]
+            requests = [channel.recv_reduce(piece, child, op.into_left) for child in shape.children]
+            ups.append((shape, piece, requests))
+    sends: list[Request] = []
+    for shape, piece, requests in ups:
+        channel.wait(*requests)
+        if shape.parent >= 0:
+            sends.append(channel.send(piece, shape.parent))
+    channel.wait(*sends)
+    # down: each piece of the result flows from the root to the leaves the same way
+    downs = [(shape, piece, channel.recv(piece, shape.parent) if shape.parent >= 0 else None)
+             for shape, piece, _ in ups]
+    sends = []
+    for shape, piece, request in downs:
+        if request is not None:
+            channel.wait(request)
+        sends += [channel.send(piece, child) for child in shape.children]
+    channel.wait(*sends)
+
+
+def _fold_in(channel: Channel, buf: np.ndarray, op: Op, new_rank: int) -> bool:
+    """The extra ranks of a non-power-of-two group hand their data to a neighbour; False if I sit out."""
+    rank = channel.rank
+    if new_rank < 0:
+        channel.wait(channel.send(buf, rank + 1))          # even rank: hand my buffer to rank + 1
+        return False
+    if rank < 2 * (channel.size - (1 << (channel.size.bit_length() - 1))):
+        channel.wait(channel.recv_reduce(buf, rank - 1, op.into_right))   # odd rank: fold in rank - 1
+    return True
+
+
+def _fold_out(channel: Channel, buf: np.ndarray, new_rank: int) -> None:
+    """Give the ranks that sat out the finished result."""
+    rank = channel.rank
+    if new_rank < 0:
+        channel.wait(channel.recv(buf, rank + 1))
+    elif rank < 2 * (channel.size - (1 << (channel.size.bit_length() - 1))):
+        channel.wait(channel.send(buf, rank - 1))

@@ -15,3 +15,33 @@ def offsets(counts: list[int]) -> list[int]:
         starts.append(total)
         total += count
     return starts
+
+
+PIPELINE_CHUNK_BYTES = 256 << 10   # pipelined trees and chains move the buffer in pieces of this size
+
+
+def pieces(count: int, itemsize: int, chunk_bytes: int = PIPELINE_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """(start, stop) of the pipeline pieces of a `count`-element buffer; one empty piece if count is 0."""
+    step = max(1, chunk_bytes // max(1, itemsize))
+    return [(start, min(start + step, count)) for start in range(0, count, step)] or [(0, 0)]
+
+
+def fold_to_power_of_two(rank: int, size: int) -> tuple[int, int]:
+    """MPICH's fold for recursive doubling/halving on any n: (power of two p, my new rank or -1).
+
+    With rem = n - p, ranks below 2 rem pair up: the even one hands its data to the odd one and
+    sits out (-1); the odd one becomes rank//2; ranks from 2 rem on become rank - rem. New ranks
+    cover contiguous, increasing ranges of old ranks, so rank order is kept.
+    """
+    power = 1 << (size.bit_length() - 1)
+    remainder = size - power
+    if rank < 2 * remainder:
+        return power, (rank // 2 if rank % 2 else -1)
+    return power, rank - remainder
+
+
+def unfold_rank(new_rank: int, size: int) -> int:
+    """The old rank that holds new rank `new_rank` after `fold_to_power_of_two`."""
+    power = 1 << (size.bit_length() - 1)
+    remainder = size - power
+    return 2 * new_rank + 1 if new_rank < remainder else new_rank + remainder

@@ -6,7 +6,9 @@ import numpy as np
 
 from transports.base import Channel
 
+from .blocks import bounds
 from .ops import Op
+from .reduce_scatter import ring_reduce_scatter_phase
 from .registry import register
 
 
@@ -34,3 +36,32 @@ def binomial(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
             channel.wait(channel.send(buf, root))
         elif rank == root:
             channel.wait(channel.recv(buf, 0))
+
+
+@register("reduce", "direct", "every rank sends to the root, which folds them in rank order")
+def direct(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
+    """Direct reduce: (n-1) buffers into the root, folded one after another in rank order."""
+    rank, size = channel.rank, channel.size
+    if rank != root:
+        channel.wait(channel.send(buf, root))
+        return
+    # lower ranks go on the left of what I hold, higher ranks on the right
+    for peer in list(range(root - 1, -1, -1)) + list(range(root + 1, size)):
+        channel.wait(channel.recv_reduce(buf, peer, op.into_right if peer < root else op.into_left))
+
+
+@register("reduce", "ring", "ring reduce-scatter, then every rank sends its reduced block to the root",
+          commutative_only=True)
+def ring(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
+    """Reduce as reduce-scatter + gather (Rabenseifner's long-message reduce, with a ring)."""
+    rank, size = channel.rank, channel.size
+    if size == 1:
+        return
+    starts = bounds(buf.shape[0], size)
+    ring_reduce_scatter_phase(channel, buf, starts, op)   # rank r holds block r reduced
+    if rank != root:
+        channel.wait(channel.send(buf[starts[rank]:starts[rank + 1]], root))
+    else:
+        # collect every other block straight into place
+        channel.wait(*[channel.recv(buf[starts[peer]:starts[peer + 1]], peer)
+                       for peer in range(size) if peer != root])
