@@ -18,6 +18,7 @@ from transports.errors import (
 from .bootstrap import init
 from .communicator import Communicator
 from .executor import Work
+from .selection import explain
 from .spawn import SpawnError, spawn
 
 __version__ = "0.1.0"
@@ -31,5 +32,5 @@ def algorithms(collective: str) -> list[str]:
 __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "InvalidArgument", "PeerLost",
-    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "init", "spawn",
+    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "explain", "init", "spawn",
 ]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms import DEFAULTS, SUM, Op
+from algorithms import SUM, Op, lookup
 from algorithms.blocks import offsets
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class Collectives:
         check = self._check
         x = check.array("all_reduce", x)
         op = check.op("all_reduce", op, x.dtype)
-        algo = check.algorithm("all_reduce", algorithm, DEFAULTS["all_reduce"], op)
+        algo = check.algorithm("all_reduce", algorithm, op, x.nbytes)
         result, work = _result_buffer(check.output("all_reduce", out, x.shape, x.dtype), x.shape, x.dtype)
         if work is not x:
             np.copyto(work, x)
@@ -47,7 +47,7 @@ class Collectives:
         check = self._check
         x = check.array("broadcast", x)
         root = check.root("broadcast", root)
-        algo = check.algorithm("broadcast", algorithm, DEFAULTS["broadcast"])
+        algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
         result, work = _result_buffer(check.output("broadcast", out, x.shape, x.dtype), x.shape, x.dtype)
         if self.rank == root and work is not x:
             np.copyto(work, x)
@@ -67,7 +67,7 @@ class Collectives:
         x = check.array("reduce", x)
         root = check.root("reduce", root)
         op = check.op("reduce", op, x.dtype)
-        algo = check.algorithm("reduce", algorithm, DEFAULTS["reduce"], op)
+        algo = check.algorithm("reduce", algorithm, op, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype) if self.rank == root else None
         work = np.array(x, copy=True)   # every rank's buffer is scratch for the tree
         flat = work.reshape(-1)
@@ -89,7 +89,7 @@ class Collectives:
         """Concatenate every rank's `x` along axis 0, in rank order, on every rank."""
         check = self._check
         x = check.rows("all_gather", check.array("all_gather", x))
-        algo = check.algorithm("all_gather", algorithm, DEFAULTS["all_gather"])
+        algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
         result, work = _result_buffer(check.output("all_gather", out, shape, x.dtype), shape, x.dtype)
 
@@ -107,7 +107,7 @@ class Collectives:
         x = check.rows("reduce_scatter", check.array("reduce_scatter", x))
         rows = check.divisible("reduce_scatter", x)
         op = check.op("reduce_scatter", op, x.dtype)
-        algo = check.algorithm("reduce_scatter", algorithm, DEFAULTS["reduce_scatter"], op)
+        algo = check.algorithm("reduce_scatter", algorithm, op, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = _result_buffer(check.output("reduce_scatter", out, shape, x.dtype), shape, x.dtype)
         scratch = np.array(x, copy=True).reshape(-1)
@@ -126,7 +126,7 @@ class Collectives:
         check = self._check
         x = check.rows("all_to_all", check.array("all_to_all", x))
         check.divisible("all_to_all", x)
-        algo = check.algorithm("all_to_all", algorithm, DEFAULTS["all_to_all"])
+        algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
         result, work = _result_buffer(check.output("all_to_all", out, x.shape, x.dtype), x.shape, x.dtype)
 
         def body(channel):
@@ -141,7 +141,7 @@ class Collectives:
         check = self._check
         x = check.rows("all_to_all_v", check.array("all_to_all_v", x))
         counts = check.counts("all_to_all_v", send_counts, x.shape[0])
-        algo = check.algorithm("all_to_all_v", algorithm, DEFAULTS["all_to_all_v"])
+        algo = check.algorithm("all_to_all_v", algorithm)
         row = int(np.prod(x.shape[1:], dtype=np.int64))
         send_elements = [c * row for c in counts]
 
@@ -149,8 +149,7 @@ class Collectives:
             # first the counts (one int64 per peer, pairwise), then the rows themselves
             mine = np.asarray(counts, np.int64)
             theirs = np.empty(self.size, np.int64)
-            algo_counts = DEFAULTS["all_to_all"]
-            check.algorithm("all_to_all", algo_counts, algo_counts).run(channel, mine, theirs)
+            lookup("all_to_all", "pairwise").run(channel, mine, theirs)
             recv_counts = theirs.tolist()
             out = np.empty((sum(recv_counts), *x.shape[1:]), x.dtype)
             recv_elements = [c * row for c in recv_counts]
@@ -167,7 +166,7 @@ class Collectives:
         check = self._check
         x = check.rows("gather", check.array("gather", x))
         root = check.root("gather", root)
-        algo = check.algorithm("gather", algorithm, DEFAULTS["gather"])
+        algo = check.algorithm("gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
         result = work = None
         if self.rank == root:
@@ -193,7 +192,7 @@ class Collectives:
         x = check.rows("scatter", check.array("scatter", x))
         root = check.root("scatter", root)
         rows = check.divisible("scatter", x)
-        algo = check.algorithm("scatter", algorithm, DEFAULTS["scatter"])
+        algo = check.algorithm("scatter", algorithm, None, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = _result_buffer(check.output("scatter", out, shape, x.dtype), shape, x.dtype)
 
@@ -206,7 +205,7 @@ class Collectives:
     def barrier(self: Communicator, algorithm: str | None = None, async_op: bool = False,
                 timeout: float | None = None) -> Result:
         """Return only once every rank of the group has entered the barrier."""
-        algo = self._check.algorithm("barrier", algorithm, DEFAULTS["barrier"])
+        algo = self._check.algorithm("barrier", algorithm)
         return self._run("barrier", algo.name, None, algo.run, async_op, timeout)
 
 

@@ -14,6 +14,7 @@ from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 from .collectives import Collectives, Result
 from .describe import Description, Validator
 from .executor import Executor
+from .selection import Selector
 
 DEFAULT_TIMEOUT_S = 300.0
 USER_TAG_LIMIT = 1 << 31
@@ -46,7 +47,7 @@ class Communicator(Collectives):
         self.size = transport.size
         self.name = name
         self.timeout = default_timeout() if timeout is None else float(timeout)
-        self._check = Validator(self.rank, self.size)
+        self._check = Validator(self.rank, self.size, Selector(transport.name, self.size))
         self._executor = Executor(name)
         self._seq = 0
         self._splits = 0

@@ -15,6 +15,8 @@ from algorithms import BUILTIN, Op, lookup, names
 from algorithms.registry import Algorithm
 from transports.errors import InvalidArgument
 
+from .selection import Selector
+
 
 @dataclass(frozen=True)
 class Description:
@@ -41,9 +43,10 @@ class Description:
 class Validator:
     """Argument checks for one rank; every message names the argument and the rank."""
 
-    def __init__(self, rank: int, size: int) -> None:
+    def __init__(self, rank: int, size: int, selector: Selector) -> None:
         self.rank = rank
         self.size = size
+        self.selector = selector
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -100,19 +103,18 @@ class Validator:
             raise TypeError(f"rank {self.rank}: {collective}: {error}") from None
         return op
 
-    def algorithm(self, collective: str, algorithm: str | None, default: str,
-                  op: Op | None = None) -> Algorithm:
-        """The chosen algorithm (the default if None), refusing one that breaks rank order for `op`."""
-        name = algorithm or default
+    def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
+                  nbytes: int = 0) -> Algorithm:
+        """The algorithm asked for, else the selector's choice; refuses one that breaks rank order."""
+        commutative = op is None or op.commutative
+        name = algorithm or self.selector.choose(collective, nbytes, commutative)
         try:
             chosen = lookup(collective, name)
         except KeyError:
             raise self.fail(collective, f"algorithm={name!r} is unknown; choose from {names(collective)}"
                             ) from None
-        if op is not None and chosen.commutative_only and not op.commutative:
+        if chosen.commutative_only and not commutative:
             order_keeping = [a for a in names(collective) if not lookup(collective, a).commutative_only]
-            if algorithm is None and order_keeping:
-                return lookup(collective, order_keeping[0])
             raise self.fail(collective, f"algorithm {name!r} reorders operands and {op!r} is not "
                                         f"commutative; pick one of {order_keeping}")
         return chosen

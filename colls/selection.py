@@ -1,0 +1,118 @@
+"""Which algorithm runs: `algorithm=`, else COLLS_ALGO, else the cheapest by the cost model.
+
+The model's constants (α, β, γ per transport) come from `colls tune`, which measures them on this
+machine and saves them to COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); without that file,
+defaults measured on a 2-core machine are used. Every rank must choose the same algorithm, so the
+choice depends only on arguments that agree across ranks (collective, group size, bytes) and on
+the file, which ranks of one machine share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from algorithms import DEFAULTS, lookup, names
+from algorithms.cost import Machine, predict
+
+# Measured on the reference 2-core machine (colls tune, 2026-12-02); a tune file replaces them.
+DEFAULT_MACHINES = {
+    "local": Machine(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9),
+    "shm": Machine(alpha=12e-6, beta=1 / 5e9, gamma=1 / 4e9),
+    "mpi": Machine(alpha=10e-6, beta=1 / 4e9, gamma=1 / 4e9),
+}
+
+
+def tune_file() -> Path:
+    """Where `colls tune` saves its measurements."""
+    return Path(os.environ.get("COLLS_TUNE_FILE") or Path.home() / ".cache" / "colls" / "tune.json")
+
+
+def load_machine(transport: str) -> Machine:
+    """The cost constants for `transport`: tuned if a tune file has them, else the defaults."""
+    try:
+        entry = json.loads(tune_file().read_text())[transport]
+        return Machine(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_MACHINES.get(transport, DEFAULT_MACHINES["shm"])
+
+
+def save_machine(transport: str, machine: Machine) -> Path:
+    """Record tuned constants for `transport`, keeping the other transports' entries."""
+    path = tune_file()
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    table[transport] = {"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    return path
+
+
+def forced(collective: str) -> str | None:
+    """The algorithm COLLS_ALGO forces for `collective` ("all_reduce:ring;broadcast:binomial")."""
+    spec = os.environ.get("COLLS_ALGO", "")
+    for item in spec.split(";"):
+        key, _, value = item.partition(":")
+        if key.strip() == collective and value.strip():
+            return value.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What `algorithm=None` would run for one call, and every candidate's predicted time."""
+
+    collective: str
+    nbytes: int
+    size: int
+    transport: str
+    chosen: str
+    reason: str
+    predicted: dict[str, float]
+
+    def __str__(self) -> str:
+        lines = [f"{self.collective} of {self.nbytes} B on {self.size} ranks over {self.transport}: "
+                 f"{self.chosen} ({self.reason})"]
+        for name, seconds in sorted(self.predicted.items(), key=lambda item: item[1]):
+            mark = "*" if name == self.chosen else " "
+            lines.append(f" {mark} {name:<20} {seconds * 1e6:12.1f} us")
+        return "\n".join(lines)
+
+
+class Selector:
+    """Chooses algorithms for one communicator (its transport and size)."""
+
+    def __init__(self, transport: str, size: int) -> None:
+        self.transport = transport
+        self.size = size
+        self.machine = load_machine(transport)
+
+    def explain(self, collective: str, nbytes: int, candidates: list[str] | None = None) -> Explanation:
+        """The choice for `nbytes` with the reasoning; `candidates` limits the choice."""
+        pool = names(collective) if candidates is None else candidates
+        predicted = {name: predict(collective, name, self.size, nbytes, self.machine) for name in pool}
+        pinned = forced(collective)
+        if pinned is not None:
+            return Explanation(collective, nbytes, self.size, self.transport, pinned, "COLLS_ALGO", predicted)
+        modelled = {name: t for name, t in predicted.items() if t != float("inf")}
+        if not modelled or collective == "all_to_all_v":
+            # per-rank sizes differ in all_to_all_v, so a size-based choice could differ between ranks
+            fallback = DEFAULTS[collective] if DEFAULTS[collective] in pool else pool[0]
+            return Explanation(collective, nbytes, self.size, self.transport, fallback, "default", predicted)
+        best = min(modelled, key=lambda name: (modelled[name], name))
+        return Explanation(collective, nbytes, self.size, self.transport, best, "cost model", predicted)
+
+    def choose(self, collective: str, nbytes: int, commutative: bool = True) -> str:
+        """The algorithm to run when none was asked for."""
+        pool = [name for name in names(collective)
+                if commutative or not lookup(collective, name).commutative_only]
+        return self.explain(collective, nbytes, pool).chosen
+
+
+def explain(collective: str, nbytes: int, comm) -> Explanation:
+    """Which algorithm `comm` would run for a `collective` of `nbytes`, and the predicted times."""
+    return Selector(comm.transport.name, comm.size).explain(collective, nbytes)
