@@ -82,6 +82,17 @@ class Communicator(Collectives):
 
         return self._executor.run(job, description, async_op)
 
+    def channel(self, what: str = "custom schedule", timeout: float | None = None) -> Channel:
+        """A raw `Channel` with a fresh collective tag, for writing a schedule of your own.
+
+        Every rank must call it at the same point in its sequence of calls, as for a collective.
+        """
+        seq = self._seq
+        self._seq += 1
+        limit = self.timeout if timeout is None else float(timeout)
+        return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
+                       f"{self.name} {what} #{seq}", self._traffic.setdefault(what, Traffic(self.size)))
+
     # -- point to point --------------------------------------------------------------------------
 
     def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None) -> Result:

@@ -17,11 +17,11 @@ from pathlib import Path
 from algorithms import DEFAULTS, lookup, names
 from algorithms.cost import Machine, predict
 
-# Measured on the reference 2-core machine (colls tune, 2026-12-02); a tune file replaces them.
+# Measured on the reference 2-core machine by `colls tune` (2026-12-02); a tune file replaces them.
 DEFAULT_MACHINES = {
-    "local": Machine(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9),
-    "shm": Machine(alpha=12e-6, beta=1 / 5e9, gamma=1 / 4e9),
-    "mpi": Machine(alpha=10e-6, beta=1 / 4e9, gamma=1 / 4e9),
+    "local": Machine(alpha=8e-6, beta=1 / 8e9, gamma=1 / 11e9),
+    "shm": Machine(alpha=5.5e-6, beta=1 / 8.5e9, gamma=1 / 11e9),
+    "mpi": Machine(alpha=3.1e-6, beta=1 / 9.4e9, gamma=1 / 11e9),
 }
 
 
