@@ -1,0 +1,134 @@
+"""Algorithm selection (cost model, COLLS_ALGO, tune file) and the byte counters' textbook volumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import colls
+from algorithms.blocks import bounds
+from colls.selection import Selector
+
+LATENCY_OPTIMAL = {"recursive_doubling", "binomial"}
+BANDWIDTH_OPTIMAL = {"ring", "rabenseifner", "ps_sharded", "tree"}
+
+
+@pytest.mark.parametrize("size", [2, 4, 8, 16])
+@pytest.mark.parametrize("transport", ["local", "shm", "mpi"])
+def test_explain_picks_latency_then_bandwidth(size, transport, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(tmp_path / "none.json"))
+    monkeypatch.delenv("COLLS_ALGO", raising=False)
+    selector = Selector(transport, size)
+    small = selector.explain("all_reduce", 8)
+    large = selector.explain("all_reduce", 64 << 20)
+    assert small.chosen in LATENCY_OPTIMAL, str(small)
+    assert large.chosen in BANDWIDTH_OPTIMAL, str(large)
+    assert small.predicted[small.chosen] < small.predicted["ring"]
+    assert large.predicted[large.chosen] < large.predicted["recursive_doubling"]
+    assert "us" in str(large) and large.chosen in str(large)
+
+
+def test_colls_algo_forces_and_comm_explain(monkeypatch):
+    monkeypatch.setenv("COLLS_ALGO", "all_reduce:ps;broadcast:direct")
+
+    def body(comm):
+        comm.reset_stats()
+        comm.all_reduce(np.ones(1000, np.int64))
+        return comm.stats()["all_reduce"], str(colls.explain("all_reduce", 8, comm))
+
+    results = colls.spawn(body, 4, transport="local")
+    server, explanation = results[0]
+    assert "ps (COLLS_ALGO)" in explanation
+    assert server["bytes_received"] == 3 * 8000 and server["bytes_sent"] == 3 * 8000   # ps's signature
+    assert all(stats["bytes_sent"] == 8000 for stats, _ in results[1:])
+
+
+def test_tune_file_changes_the_choice(monkeypatch, tmp_path):
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(path))
+    monkeypatch.delenv("COLLS_ALGO", raising=False)
+    # a network where messages are free and bytes are dear favours moving as few bytes as possible
+    path.write_text(json.dumps({"shm": {"alpha": 0.0, "beta": 1e-9, "gamma": 1e-12}}))
+    assert Selector("shm", 8).explain("all_reduce", 8).chosen in BANDWIDTH_OPTIMAL
+    # and one where each message costs a second favours the fewest rounds
+    path.write_text(json.dumps({"shm": {"alpha": 1.0, "beta": 1e-12, "gamma": 1e-12}}))
+    assert Selector("shm", 8).explain("all_reduce", 64 << 20).chosen == "recursive_doubling"
+
+
+def _volumes(collective, name, size, count, root=0):
+    def body(comm):
+        x = np.ones(count, np.int32)
+        comm.reset_stats()
+        if collective == "all_reduce":
+            comm.all_reduce(x, algorithm=name)
+        elif collective == "broadcast":
+            comm.broadcast(x, root=root, algorithm=name)
+        else:
+            comm.reduce(x, root=root, algorithm=name)
+        stats = comm.stats()[collective]
+        return stats["bytes_sent"], stats["bytes_received"]
+
+    return colls.spawn(body, size, transport="local")
+
+
+def _block_bytes(count, size, itemsize=4):
+    starts = bounds(count, size)
+    return [(starts[i + 1] - starts[i]) * itemsize for i in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8])
+def test_all_reduce_volumes_match_the_textbook(size):
+    count = 1001
+    total = count * 4
+    blocks = _block_bytes(count, size)
+    # ring: every block but my own in the reduce-scatter, every block but my right neighbour's in
+    # the all-gather: 2(n-1)/n S up to the uneven block sizes
+    for rank, (sent, received) in enumerate(_volumes("all_reduce", "ring", size, count)):
+        assert sent == (total - blocks[rank]) + (total - blocks[(rank + 1) % size])
+        assert received == (total - blocks[(rank - 1) % size]) + (total - blocks[rank])
+        assert abs(sent - 2 * (size - 1) / size * total) <= 2 * max(blocks)
+    # ps: (n-1) S into the server and out again; S each way for a worker
+    for rank, (sent, received) in enumerate(_volumes("all_reduce", "ps", size, count)):
+        expected = (size - 1) * total if rank == 0 else total
+        assert sent == received == expected
+    # ps_sharded: each rank ships everything but its own block out, then its block to n-1 ranks
+    for rank, (sent, received) in enumerate(_volumes("all_reduce", "ps_sharded", size, count)):
+        assert sent == (total - blocks[rank]) + (size - 1) * blocks[rank]
+        assert received == (size - 1) * blocks[rank] + (total - blocks[rank])
+    if size & (size - 1) == 0:
+        # recursive doubling: log2 n whole buffers; Rabenseifner: 2(n-1)/n S
+        for sent, received in _volumes("all_reduce", "recursive_doubling", size, count):
+            assert sent == received == int(np.log2(size)) * total
+        for sent, received in _volumes("all_reduce", "rabenseifner", size, count):
+            assert abs(sent - 2 * (size - 1) / size * total) <= 2 * int(np.log2(size)) * 4
+            assert sent == received
+    # tree: the whole buffer goes up and comes down once: (n-1) S over all ranks each way
+    tree = _volumes("all_reduce", "tree", size, count)
+    assert sum(sent for sent, _ in tree) == 2 * (size - 1) * total
+    assert sum(received for _, received in tree) == 2 * (size - 1) * total
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_broadcast_and_reduce_volumes(size):
+    count = 777
+    total = count * 4
+    root = size - 1
+    for name in ("binomial", "pipeline", "direct", "scatter_allgather"):
+        volumes = _volumes("broadcast", name, size, count, root)
+        received = [r for _, r in volumes]
+        if name != "scatter_allgather":
+            assert received[root] == 0, name
+            assert all(received[r] == total for r in range(size) if r != root), name
+            assert sum(s for s, _ in volumes) == (size - 1) * total, name
+    # scatter + all-gather: the root sends (n-1)/n S, then everyone the ring's (n-1)/n S
+    spread = _volumes("broadcast", "scatter_allgather", size, count, root)
+    assert abs(spread[root][0] - 2 * (size - 1) / size * total) <= 2 * 4 * size
+    direct = _volumes("broadcast", "direct", size, count, root)
+    assert direct[root][0] == (size - 1) * total
+    for name in ("binomial", "direct"):
+        volumes = _volumes("reduce", name, size, count, root)
+        extra = total if name == "binomial" and root != 0 and size > 1 else 0
+        assert sum(s for s, _ in volumes) == (size - 1) * total + extra, name
+    assert _volumes("reduce", "direct", size, count, root)[root][1] == (size - 1) * total
