@@ -1,4 +1,8 @@
-"""all_gather: every rank ends with every rank's block, in rank order."""
+"""all_gather: every rank ends with every rank's block, in rank order.
+
+Every schedule here receives exactly the (n-1) blocks a rank lacks, never one twice, so each rank
+receives (n-1)/n of the output; they differ in how many steps that takes (latency) and who sends.
+"""
 
 from __future__ import annotations
 
@@ -28,3 +32,80 @@ def ring(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     starts = bounds(out.shape[0], channel.size)
     np.copyto(out[starts[channel.rank]:starts[channel.rank + 1]], send)
     ring_all_gather_phase(channel, out, starts)
+
+
+@register("all_gather", "recursive_doubling",
+          "log2 n steps exchanging doubling halves with rank r xor 2^k; non-powers of two fold in first")
+def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
+    """Recursive-doubling all-gather (Thakur, Rabenseifner & Gropp 2005, section 3.1), any n.
+
+    For n not a power of two, p = 2^floor(log2 n) ranks take part: the first n - p even ranks hand
+    their block to their odd neighbour (so virtual rank v < n - p holds blocks 2v and 2v+1), the p
+    virtual ranks double, and the odd ranks hand the rest back. Every group a virtual rank holds is a
+    contiguous run of blocks, so each step is one message each way.
+    """
+    rank, size = channel.rank, channel.size
+    block = send.shape[0]
+    np.copyto(out[rank * block:(rank + 1) * block], send)
+    participants = 1 << (size.bit_length() - 1)
+    extra = size - participants
+
+    def first_block(virtual: int) -> int:
+        """The first real block held by virtual rank `virtual` (virtual ranks below `extra` hold two)."""
+        return virtual + min(virtual, extra)
+
+    def blocks(first: int, last: int) -> np.ndarray:
+        return out[first * block:last * block]
+
+    if rank < 2 * extra and rank % 2 == 0:
+        # folded out: my block goes to my odd neighbour, everything else comes back from it at the end
+        channel.wait(channel.send(send, rank + 1),
+                     *[channel.recv(blocks(lo, hi), rank + 1) for lo, hi in _around(rank, size)])
+        return
+    if rank < 2 * extra:
+        # fold: take my even neighbour's block, which sits just below mine
+        channel.wait(channel.recv(blocks(rank - 1, rank), rank - 1))
+    virtual = rank // 2 if rank < 2 * extra else rank - extra
+    distance = 1
+    while distance < participants:
+        mine = virtual & ~(distance - 1)
+        theirs = mine ^ distance
+        peer = virtual ^ distance
+        partner = 2 * peer + 1 if peer < extra else peer + extra
+        # send the run of blocks my group of `distance` virtual ranks holds; take the partner group's
+        channel.exchange(blocks(first_block(mine), first_block(mine + distance)), partner,
+                         blocks(first_block(theirs), first_block(theirs + distance)), partner)
+        distance <<= 1
+    if rank < 2 * extra:
+        # unfold: my even neighbour lacks every block but its own
+        channel.wait(*[channel.send(blocks(lo, hi), rank - 1) for lo, hi in _around(rank - 1, size)])
+
+
+def _around(block: int, size: int) -> list[tuple[int, int]]:
+    """The runs of blocks before and after `block`, leaving out an empty one."""
+    return [(lo, hi) for lo, hi in ((0, block), (block + 1, size)) if hi > lo]
+
+
+@register("all_gather", "bruck",
+          "ceil(log2 n) steps for any n, gathering relative to my rank, then one local rotation")
+def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
+    """Bruck's concatenation (Bruck et al. 1997; Thakur et al. 2005, section 3.1): any n, no folding.
+
+    Blocks are kept in order relative to this rank, `gathered[j]` being rank r+j's, so that each step
+    sends one contiguous run; the final rotation puts them in rank order.
+    """
+    rank, size = channel.rank, channel.size
+    block = send.shape[0]
+    gathered = np.empty_like(out)   # small-message algorithm: the temporary is the price of 1 message
+    np.copyto(gathered[:block], send)
+    held = 1
+    while held < size:
+        count = min(held, size - held)
+        # send the first `count` blocks I hold to rank r - held; rank r + held's first ones land after mine
+        channel.exchange(gathered[:count * block], (rank - held) % size,
+                         gathered[held * block:(held + count) * block], (rank + held) % size)
+        held += count
+    # rotate: relative block j belongs to rank r + j
+    split = (size - rank) * block
+    np.copyto(out[rank * block:], gathered[:split])
+    np.copyto(out[:rank * block], gathered[split:])

@@ -9,6 +9,12 @@ from transports.base import Channel
 from .registry import register
 
 
+def _equal_blocks(send: np.ndarray, size: int) -> tuple[list[int], list[int]]:
+    """(counts, starts) of `size` equal blocks of `send`."""
+    block = send.shape[0] // size
+    return [block] * size, [block * i for i in range(size)]
+
+
 @register("all_to_all_v", "pairwise",
           "n-1 steps; in step s rank r sends to r+s and receives from r-s, one pair at a time")
 def pairwise_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_starts: list[int],
@@ -24,12 +30,66 @@ def pairwise_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_
                          out[recv_starts[src]:recv_starts[src] + recv_counts[src]], src)
 
 
+@register("all_to_all_v", "direct", "post every send and receive at once, then wait for them all")
+def direct_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_starts: list[int],
+             out: np.ndarray, recv_counts: list[int], recv_starts: list[int]) -> None:
+    """Direct exchange of variable blocks (MPICH's medium-message all-to-all): one round, n-1 pairs.
+
+    Receives go up first so that no send waits for a matching receive; peers are taken in the order
+    r+1, r+2, ... so that the ranks don't all start on rank 0.
+    """
+    rank, size = channel.rank, channel.size
+    np.copyto(out[recv_starts[rank]:recv_starts[rank] + recv_counts[rank]],
+              send[send_starts[rank]:send_starts[rank] + send_counts[rank]])
+    peers = [(rank + step) % size for step in range(1, size)]
+    # every incoming block straight into its place in `out`
+    receives = [channel.recv(out[recv_starts[src]:recv_starts[src] + recv_counts[src]], src)
+                for src in peers]
+    # every outgoing block straight from its place in `send`
+    sends = [channel.send(send[send_starts[dst]:send_starts[dst] + send_counts[dst]], dst)
+             for dst in peers]
+    channel.wait(*receives, *sends)
+
+
 @register("all_to_all", "pairwise",
           "n-1 steps; in step s rank r sends to r+s and receives from r-s, one pair at a time")
 def pairwise(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     """Pairwise exchange of equal blocks."""
-    size = channel.size
-    block = send.shape[0] // size
-    counts = [block] * size
-    starts = [block * i for i in range(size)]
+    counts, starts = _equal_blocks(send, channel.size)
     pairwise_v(channel, send, counts, starts, out, counts, starts)
+
+
+@register("all_to_all", "direct", "post every send and receive at once, then wait for them all")
+def direct(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
+    """Direct exchange of equal blocks."""
+    counts, starts = _equal_blocks(send, channel.size)
+    direct_v(channel, send, counts, starts, out, counts, starts)
+
+
+@register("all_to_all", "bruck",
+          "ceil(log2 n) steps for small blocks: step k forwards every block whose index has bit k set")
+def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
+    """Bruck's index algorithm (Bruck et al. 1997; Thakur, Rabenseifner & Gropp 2005, section 3.5).
+
+    Blocks are kept relative to this rank, `moving[j]` bound for rank r+j, so the block bound j ranks
+    on moves 2^k for each bit k set in j. Each step packs those blocks into one message: fewer
+    messages (log n, not n-1) at the cost of sending each block up to log n times and copying.
+    """
+    rank, size = channel.rank, channel.size
+    block = send.shape[0] // size
+    blocks = send.reshape(size, block)
+    moving = np.empty((size, block), send.dtype)
+    # rotate up by my rank: relative block j is the one for rank r+j
+    np.copyto(moving[:size - rank], blocks[rank:])
+    np.copyto(moving[size - rank:], blocks[:rank])
+    distance = 1
+    while distance < size:
+        chosen = np.flatnonzero(np.arange(size) & distance)
+        outgoing = moving[chosen].reshape(-1)
+        incoming = np.empty_like(outgoing)
+        # send the blocks with bit k set to rank r + 2^k; the same slots come from rank r - 2^k
+        channel.exchange(outgoing, (rank + distance) % size, incoming, (rank - distance) % size)
+        moving[chosen] = incoming.reshape(chosen.shape[0], block)
+        distance <<= 1
+    # inverse rotation: relative slot j now holds the block that rank r-j sent me
+    out.reshape(size, block)[(rank - np.arange(size)) % size] = moving

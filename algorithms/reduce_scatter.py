@@ -35,3 +35,94 @@ def ring(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> None:
     starts = bounds(work.shape[0], channel.size)
     ring_reduce_scatter_phase(channel, work, starts, op)
     np.copyto(out, work[starts[channel.rank]:starts[channel.rank + 1]])
+
+
+@register("reduce_scatter", "pairwise",
+          "n-1 steps; in step s rank r sends block r+s to rank r+s and folds in block r from r-s")
+def pairwise(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> None:
+    """Pairwise-exchange reduce-scatter (Thakur, Rabenseifner & Gropp 2005, section 4.3).
+
+    Contributions to my block arrive from r-1, r-2, ..., 0 (folded in on the left of my own), then
+    from n-1, n-2, ..., r+1 (folded together in `out`, then on the right), so rank order holds.
+    """
+    rank, size = channel.rank, channel.size
+    block = out.shape[0]
+    mine = work[rank * block:(rank + 1) * block]
+    for step in range(1, size):
+        dst, src = (rank + step) % size, (rank - step) % size
+        outgoing = work[dst * block:(dst + 1) * block]
+        if src < rank:
+            # rank r+s gets its block of my buffer; the lower rank r-s's contribution goes left of mine
+            arrival = channel.recv_reduce(mine, src, op.into_right)
+        elif src == size - 1:
+            # the highest rank's contribution starts the right-hand partial in `out`
+            arrival = channel.recv(out, src)
+        else:
+            # each next-higher rank's contribution goes left of the right-hand partial
+            arrival = channel.recv_reduce(out, src, op.into_right)
+        channel.wait(channel.send(outgoing, dst), arrival)
+    if rank == size - 1:
+        np.copyto(out, mine)
+    else:
+        op.combine(mine, out, out)   # (0 .. r) ∘ (r+1 .. n-1)
+
+
+@register("reduce_scatter", "recursive_halving",
+          "log2 n steps, each exchanging half of the remaining blocks with rank r xor 2^k")
+def recursive_halving(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> None:
+    """Recursive-halving reduce-scatter (Thakur, Rabenseifner & Gropp 2005, section 4.1), any n.
+
+    For n not a power of two, p = 2^floor(log2 n) ranks take part: the first n - p even ranks fold
+    their whole buffer into their odd neighbour (so virtual rank v < n - p owns blocks 2v and 2v+1),
+    the p virtual ranks halve, and each odd rank hands its even neighbour's block back.
+
+    A commutative op halves by the highest bit first (MPICH's order; no extra step). Otherwise the
+    lowest bit goes first, so that every partial covers a contiguous range of ranks and partner ranges
+    are adjacent: rank order holds, but virtual rank v ends up holding the blocks of virtual rank
+    bitreverse(v), and one more exchange swaps them into place.
+    """
+    rank, size = channel.rank, channel.size
+    block = out.shape[0]
+    if size == 1:
+        np.copyto(out, work)
+        return
+    participants = 1 << (size.bit_length() - 1)
+    extra = size - participants
+    levels = participants.bit_length() - 1
+
+    def span(first: int, last: int) -> np.ndarray:
+        """The real blocks owned by virtual ranks first .. last-1."""
+        return work[(first + min(first, extra)) * block:(last + min(last, extra)) * block]
+
+    def real(virtual: int) -> int:
+        return 2 * virtual + 1 if virtual < extra else virtual + extra
+
+    if rank < 2 * extra and rank % 2 == 0:
+        # fold: my whole buffer goes into my odd neighbour's; my reduced block comes back at the end
+        channel.wait(channel.send(work, rank + 1), channel.recv(out, rank + 1))
+        return
+    if rank < 2 * extra:
+        # fold in my even neighbour's buffer, which is lower in rank order
+        channel.wait(channel.recv_reduce(work, rank - 1, op.into_right))
+    virtual = rank // 2 if rank < 2 * extra else rank - extra
+    bits = range(levels - 1, -1, -1) if op.commutative else range(levels)
+    low, width = 0, participants            # the window of virtual ranks' blocks I still reduce
+    for bit in bits:
+        half = width // 2
+        peer = virtual ^ (1 << bit)
+        upper = bool(virtual >> bit & 1)
+        keep, give = (low + half, low) if upper else (low, low + half)
+        # send the half my partner keeps; fold its partial of my half in, lower ranks on the left
+        reducer = op.into_right if upper else op.into_left
+        channel.wait(channel.send(span(give, give + half), real(peer)),
+                     channel.recv_reduce(span(keep, keep + half), real(peer), reducer))
+        low, width = keep, half
+    if low != virtual:
+        # lowest-bit-first left me virtual rank `low`'s blocks: swap with it (bitreverse pairs)
+        channel.exchange(span(low, low + 1), real(low), span(virtual, virtual + 1), real(low))
+    mine = span(virtual, virtual + 1)
+    if rank < 2 * extra:
+        # unfold: the first of my two blocks belongs to my even neighbour
+        channel.wait(channel.send(mine[:block], rank - 1))
+        mine = mine[block:]
+    np.copyto(out, mine)
