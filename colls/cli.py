@@ -1,0 +1,68 @@
+"""The `colls` command: one argparse subcommand per task, each added by a small `add_<name>` function."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def add_run(subparsers: argparse._SubParsersAction) -> None:
+    """`colls run -n N [--transport T] [--timeout S] script.py args…` or `... -m module args…`."""
+    parser = subparsers.add_parser(
+        "run", help="start N ranks of a Python program on this machine",
+        description="Start N ranks of a Python script (or -m module), each told its rank through "
+                    "COLLS_* variables; prefix their output with [rank]; if one fails, stop all.",
+        usage="colls run -n N [--transport {shm,mpi}] [--timeout SECONDS] (script.py | -m module) [args ...]")
+    parser.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="number of ranks")
+    parser.add_argument("--transport", choices=("shm", "mpi"), default=None,
+                        help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="kill the whole job after this many seconds and exit 124")
+    # REMAINDER on both, so the program's own options (even -n) are passed through untouched.
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="module args",
+                        help="run a library module as a script, like python -m")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py args",
+                        help="the script to run and its arguments")
+    parser.set_defaults(handler=run_command, parser=parser)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Launch the ranks and return the job's exit status."""
+    from .launcher import launch
+
+    if args.module:
+        argv_of_program = ["-m", *args.module]
+    else:
+        program = args.program[1:] if args.program[:1] == ["--"] else args.program
+        argv_of_program = program
+    if not argv_of_program:
+        args.parser.error("give a script (or -m module) to run")
+    if args.nprocs < 1:
+        args.parser.error(f"-n must be at least 1, not {args.nprocs}")
+    if args.timeout is not None and args.timeout <= 0:
+        args.parser.error(f"--timeout must be positive, not {args.timeout:g}")
+    return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout)
+
+
+# Only implemented subcommands appear here (bench, fuzz, train, tune, plan join as they land).
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `colls` parser with every implemented subcommand."""
+    parser = argparse.ArgumentParser(prog="colls", description="Collective communication in Python.")
+    subparsers = parser.add_subparsers(title="commands", metavar="command", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `colls` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

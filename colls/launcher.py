@@ -1,0 +1,252 @@
+"""`colls run`: start N ranks of a Python program, prefix their output, fail all if one fails, clean up.
+
+Like torchrun's elastic agent reduced to one machine and one try: the launcher gives every rank its
+identity through the environment, relays each line of output tagged `[rank]`, and, as soon as one
+rank exits non-zero, terminates the rest (SIGTERM, then SIGKILL after a grace) so a job never hangs
+on a dead peer. Whatever happens, the rendezvous directory and any shared-memory segment named after
+the job are removed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import IO
+
+SHM_DIR = "/dev/shm"
+SEGMENT_PREFIX = "colls-"
+DEFAULT_TRANSPORT = "shm"
+GRACE_SECONDS = 3.0
+POLL_SECONDS = 0.02
+EXIT_TIMEOUT = 124
+
+# Variables that an outer MPI launcher sets; a rank that inherited them would try to join that outer
+# job (MPICH's PMI_FD, Open MPI's world rank) instead of ours, so they are not passed on.
+_FOREIGN_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_")
+
+
+def job_environment(rank: int, size: int, transport: str, rendezvous: str, job: str) -> dict[str, str]:
+    """The variables that tell one rank who it is and where to meet its peers."""
+    return {
+        "COLLS_RANK": str(rank),
+        "COLLS_WORLD_SIZE": str(size),
+        "COLLS_LOCAL_RANK": str(rank),  # one machine: the local rank is the rank
+        "COLLS_TRANSPORT": transport,
+        "COLLS_RENDEZVOUS": rendezvous,
+        "COLLS_JOB": job,
+        "PYTHONUNBUFFERED": "1",  # so a rank's lines reach us as it prints them, not at exit
+    }
+
+
+def cleanup_job_segments(job: str) -> int:
+    """Remove every /dev/shm entry named `colls-<job>-*` (left by a rank that crashed); return how many."""
+    prefix = f"{SEGMENT_PREFIX}{job}-"
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass  # its owner unlinked it between our listdir and here
+    return removed
+
+
+def describe_exit(returncode: int) -> str:
+    """'exited with code 3' or 'killed by signal SIGKILL', for a Popen return code."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = str(-returncode)
+    return f"killed by signal {name}"
+
+
+def shell_exit_code(returncode: int) -> int:
+    """The exit status a shell would report: the code itself, or 128 + signal number."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _note(message: str) -> None:
+    """One line from the launcher itself on stderr."""
+    print(f"colls run: {message}", file=sys.stderr, flush=True)
+
+
+class _LineRelay(threading.Thread):
+    """Copy one child's pipe to our stream line by line, each line prefixed with the rank."""
+
+    def __init__(self, rank: int, source: IO[bytes], target: IO[str], lock: threading.Lock) -> None:
+        super().__init__(name=f"colls-relay-{rank}", daemon=True)
+        self.prefix = f"[{rank}] ".encode()
+        self.source = source
+        self.target = target
+        self.lock = lock
+
+    def run(self) -> None:
+        # Whole lines under one lock: ranks interleave by line, never mid-line.
+        for line in iter(self.source.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"  # a last line without newline still ends cleanly
+            with self.lock:
+                try:
+                    self._write(self.prefix + line)
+                except (BrokenPipeError, ValueError, OSError):
+                    pass  # our reader went away (`| head`); keep draining so the child never blocks
+        self.source.close()
+
+    def _write(self, data: bytes) -> None:
+        buffer = getattr(self.target, "buffer", None)
+        if buffer is not None:
+            self.target.flush()  # text written before us must come out first
+            buffer.write(data)
+            buffer.flush()
+        else:
+            self.target.write(data.decode(errors="replace"))
+            self.target.flush()
+
+
+class _SignalCatcher:
+    """Turn SIGINT/SIGTERM to the launcher into a flag the monitor loop reads (main thread only)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _SignalCatcher:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to a child and everything it started (it leads its own session)."""
+    try:
+        os.killpg(child.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _child_environment(extra: dict[str, str] | None) -> dict[str, str]:
+    """Our environment plus `extra`, minus the variables of an outer MPI launcher."""
+    base = {key: value for key, value in os.environ.items() if not key.startswith(_FOREIGN_LAUNCHER_PREFIXES)}
+    base.update(extra or {})
+    return base
+
+
+def _stop_all(children: list[subprocess.Popen], catcher: _SignalCatcher, grace: float) -> None:
+    """SIGTERM every live child, then SIGKILL whoever is still there after `grace` s (or a 2nd Ctrl-C)."""
+    signals_before = len(catcher.received)
+    for child in children:
+        if child.poll() is None:
+            _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(child.poll() is None for child in children):
+        if time.monotonic() > deadline or len(catcher.received) > signals_before:
+            break
+        time.sleep(POLL_SECONDS)
+    for child in children:
+        if child.poll() is None:
+            _signal_group(child, signal.SIGKILL)
+        _signal_group(child, signal.SIGKILL)  # grandchildren left behind by a rank that exited
+    for child in children:
+        child.wait()
+
+
+def _monitor(children: list[subprocess.Popen], catcher: _SignalCatcher, timeout: float | None) -> int:
+    """Wait for the job to end; on the first failure, signal or timeout, stop everyone; return the status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if catcher.received:
+            signum = catcher.received[0]
+            _note(f"received {signal.Signals(signum).name}; terminating all ranks")
+            _stop_all(children, catcher, GRACE_SECONDS)
+            return 128 + signum
+        for rank, child in enumerate(children):
+            returncode = child.poll()
+            if returncode is not None and returncode != 0:
+                _note(f"rank {rank} {describe_exit(returncode)}; terminating the other ranks")
+                _stop_all(children, catcher, GRACE_SECONDS)
+                return shell_exit_code(returncode)
+        if all(child.poll() == 0 for child in children):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            _note(f"timed out after {timeout:g} s; killing all ranks")
+            _stop_all(children, catcher, GRACE_SECONDS)
+            return EXIT_TIMEOUT
+        time.sleep(POLL_SECONDS)
+
+
+def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None,
+           timeout: float | None = None, env: dict | None = None) -> int:
+    """Run `python <argv_of_program>` as `nprocs` ranks; return 0, the first failure's status, 124 or 130.
+
+    `env` adds variables for every rank on top of ours; the exit status follows the shell's rules
+    (128 + signal for a rank killed by a signal or a launcher interrupted by SIGINT/SIGTERM).
+    """
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, not {nprocs}")
+    if not argv_of_program:
+        raise ValueError("nothing to run: give a script (or -m module) and its arguments")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, not {timeout}")
+    base = _child_environment(env)
+    # An explicit choice wins; otherwise keep what the user exported, else the default.
+    transport = transport or base.get("COLLS_TRANSPORT") or DEFAULT_TRANSPORT
+    job = secrets.token_hex(6)
+    rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")  # mode 0700: only we can plant files in it
+    children: list[subprocess.Popen] = []
+    relays: list[_LineRelay] = []
+    output_lock = threading.Lock()
+    # Signals are caught for the whole call, so a Ctrl-C during cleanup cannot cut it short.
+    with _SignalCatcher() as catcher:
+        try:
+            for rank in range(nprocs):
+                child_env = dict(base, **job_environment(rank, nprocs, transport, rendezvous, job))
+                child = subprocess.Popen(
+                    [sys.executable, *argv_of_program], env=child_env,
+                    stdin=None if rank == 0 else subprocess.DEVNULL,  # only rank 0 may read the terminal
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True)  # its own group, so stopping a rank stops its children too
+                children.append(child)
+                for source, target in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
+                    relays.append(_LineRelay(rank, source, target, output_lock))
+                    relays[-1].start()
+            status = _monitor(children, catcher, timeout)
+        finally:
+            for child in children:
+                if child.poll() is None:  # only after an exception in the launcher itself
+                    _signal_group(child, signal.SIGKILL)
+                    child.wait()
+            relay_deadline = time.monotonic() + 1.0  # a grandchild holding a pipe must not hang us
+            for relay in relays:
+                relay.join(timeout=max(0.0, relay_deadline - time.monotonic()))
+            shutil.rmtree(rendezvous, ignore_errors=True)
+            removed = cleanup_job_segments(job)
+    if removed:
+        _note(f"removed {removed} shared-memory segment(s) the ranks left in {SHM_DIR}")
+    return status
