@@ -256,3 +256,13 @@ def test_cli_lists_only_run_and_rejects_a_missing_program() -> None:
                                capture_output=True, text=True).stdout
     assert "run" in help_text and "bench" not in help_text
     assert colls_run("-n", "2").returncode == 2
+
+
+@pytest.mark.timeout(120)
+def test_demo_runs_on_three_ranks() -> None:
+    result = colls_run("-n", "3", "-m", "colls.demo")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    assert sorted(line[:4] for line in lines) == ["[0] ", "[1] ", "[2] "]
+    assert all(line.endswith("correct") and "of 3 over shm" in line for line in lines)
