@@ -47,15 +47,14 @@ def matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 MATMUL = colls.Op(matmul, commutative=False, name="matmul")
 
 
-def data(rank: int, rows: int, dtype, salt: int = 0) -> np.ndarray:
+def data(rank: int, rows: int, dtype) -> np.ndarray:
     """Rank `rank`'s input: small integers (entries 0..2 for matrices), different on every rank."""
-    i = np.arange(rows, dtype=np.int64)
     if np.dtype(dtype) == MATRIX:
         # pseudo-random, so that no two ranks share matrices (a residue of the rank would repeat)
         x = np.empty(rows, MATRIX)
-        x["m"] = np.random.default_rng([rank, rows, salt]).integers(0, 3, (rows, 2, 2))
+        x["m"] = np.random.default_rng([rank, rows]).integers(0, 3, (rows, 2, 2))
         return x
-    return ((i * 7 + rank * 13 + salt * 5) % 23 - 11).astype(dtype)
+    return ((np.arange(rows, dtype=np.int64) * 7 + rank * 13) % 23 - 11).astype(dtype)
 
 
 def fold(arrays: list[np.ndarray]) -> np.ndarray:
@@ -163,20 +162,12 @@ def _head(x) -> str:
     return "None" if x is None else f"{x.shape} {x.dtype.str} {x.reshape(-1)[:4].tolist()}..."
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("size", LOCAL_SIZES)
-def test_catalogue_local(size):
-    big = size in BIG_SIZES["local"]
-    failures = colls.spawn(run_catalogue, size, transport="local", args=(big,), timeout=TIMEOUT_S)
-    _no_failures(failures)
-
-
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("size", PROCESS_SIZES)
-def test_catalogue_shm(size):
-    big = size in BIG_SIZES["shm"]
-    failures = colls.spawn(run_catalogue, size, transport="shm", args=(big,), timeout=TIMEOUT_S)
-    _no_failures(failures)
+@pytest.mark.parametrize(("transport", "size"),
+                         [("local", n) for n in LOCAL_SIZES] + [("shm", n) for n in PROCESS_SIZES])
+def test_catalogue(transport, size):
+    big = size in BIG_SIZES[transport]
+    _no_failures(colls.spawn(run_catalogue, size, transport=transport, args=(big,), timeout=TIMEOUT_S))
 
 
 def _no_failures(per_rank: list[list[str]]) -> None:
@@ -206,10 +197,6 @@ def test_catalogue_mpi(size):
 
 
 VOLUME_ROWS = 5     # int64 rows per block: 40 B, so every count below is exact
-MODELLED = {f"{c} {n}" for c, names in (
-    ("all_gather", ("ring", "recursive_doubling", "bruck")), ("reduce_scatter", ("ring", "pairwise",
-     "recursive_halving")), ("all_to_all", ("pairwise", "direct", "bruck")), ("all_to_all_v", ("pairwise",
-     "direct")), ("gather", ("direct", "binomial")), ("scatter", ("direct", "binomial"))) for n in names}
 
 
 def _subtree(relative: int, size: int) -> int:
@@ -292,6 +279,8 @@ def test_byte_counters_match_the_textbook(size):
         received = [r[key]["received"] for r in per_rank]
         assert sum(sent) == sum(received), key                    # every byte sent is received
         for rank, r in enumerate(per_rank):
+            # a block-collective algorithm without a volume model here is a gap in this test
+            assert r[key]["want"] is not None or key == "reduce_scatter recursive_halving", key
             if r[key]["want"] is not None:
                 assert (r[key]["sent"], r[key]["received"]) == r[key]["want"], (key, rank)
         if key == "reduce_scatter recursive_halving":
@@ -302,7 +291,6 @@ def test_byte_counters_match_the_textbook(size):
             assert sum(sent) == block * (extra * size + (power - 1) * size + extra), key
             for rank in range(0, 2 * extra, 2):
                 assert (sent[rank], received[rank]) == (size * block, block), (key, rank)
-    assert MODELLED <= set(per_rank[0]), "an algorithm with a volume model is no longer registered"
 
 
 def test_matrix_operator_catches_reordering():
