@@ -170,9 +170,8 @@ def _stop_all(children: list[subprocess.Popen], catcher: _SignalCatcher, grace: 
             break
         time.sleep(POLL_SECONDS)
     for child in children:
-        if child.poll() is None:
-            _signal_group(child, signal.SIGKILL)
-        _signal_group(child, signal.SIGKILL)  # grandchildren left behind by a rank that exited
+        # The whole group, even for a rank that exited: its own children may still be running.
+        _signal_group(child, signal.SIGKILL)
     for child in children:
         child.wait()
 
