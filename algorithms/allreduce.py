@@ -106,8 +106,10 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op) -> None:
     if _fold_in(channel, buf, op, new_rank):
         starts = bounds(buf.shape[0], power)
         low, high = 0, power          # the blocks I am still responsible for
-        mask = power >> 1
-        while mask:
+        # Halve with the lowest bit first, so each step joins two *adjacent* ranges of ranks and
+        # rank order holds for non-commutative operators; I end up owning block bitreverse(rank).
+        mask = 1
+        while mask < power:
             partner = unfold_rank(new_rank ^ mask, size)
             middle = (low + high) // 2
             lower, upper = (low, middle), (middle, high)
@@ -117,17 +119,17 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op) -> None:
                          channel.recv_reduce(buf[starts[keep[0]]:starts[keep[1]]], partner,
                                              op.into_right if partner < rank else op.into_left))
             low, high = keep
-            mask >>= 1
-        mask = 1
-        while mask < power:
+            mask <<= 1
+        # then retrace the steps in reverse, swapping finished ranges to double what both hold
+        mask = power >> 1
+        while mask:
             partner = unfold_rank(new_rank ^ mask, size)
             span = high - low
-            partner_low = low + span if new_rank & mask == 0 else low - span
-            # swap the finished blocks: mine for my partner's, doubling what both hold
+            partner_low = high if new_rank & mask == 0 else low - span
             channel.exchange(buf[starts[low]:starts[high]], partner,
                              buf[starts[partner_low]:starts[partner_low + span]], partner)
             low, high = min(low, partner_low), max(high, partner_low + span)
-            mask <<= 1
+            mask >>= 1
     _fold_out(channel, buf, new_rank)
 
 
