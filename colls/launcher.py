@@ -20,8 +20,8 @@ import threading
 import time
 from typing import IO
 
-SHM_DIR = "/dev/shm"
-SEGMENT_PREFIX = "colls-"
+from transports.segment import SHM_DIR, remove_job_segments
+
 DEFAULT_TRANSPORT = "shm"
 GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.02
@@ -47,25 +47,7 @@ def job_environment(rank: int, size: int, transport: str, rendezvous: str, job: 
 
 def cleanup_job_segments(job: str) -> int:
     """Remove every /dev/shm entry named `colls-<job>-*` (left by a rank that crashed); return how many."""
-    prefix = f"{SEGMENT_PREFIX}{job}-"
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return 0
-    removed = 0
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-            removed += 1
-        except FileNotFoundError:
-            pass  # its owner unlinked it between our listdir and here
-    return removed
+    return remove_job_segments(job)
 
 
 def describe_exit(returncode: int) -> str:
@@ -216,6 +198,8 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     base = _child_environment(env)
     # An explicit choice wins; otherwise keep what the user exported, else the default.
     transport = transport or base.get("COLLS_TRANSPORT") or DEFAULT_TRANSPORT
+    if transport == "mpi":
+        return _launch_with_mpiexec(argv_of_program, nprocs, base, timeout)
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")  # mode 0700: only we can plant files in it
     children: list[subprocess.Popen] = []
@@ -249,3 +233,36 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     if removed:
         _note(f"removed {removed} shared-memory segment(s) the ranks left in {SHM_DIR}")
     return status
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec of this Python's environment (the mpich wheel puts it beside python), or PATH's."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
+def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str, str],
+                         timeout: float | None) -> int:
+    """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        _note("--transport mpi needs mpiexec: pip install 'colls[mpi]'")
+        return 2
+    command = [mpiexec, "-n", str(nprocs), "-prepend-rank", sys.executable, *argv_of_program]
+    # no PYTHONUNBUFFERED here: Hydra prefixes each write, and print() writes a line in pieces
+    child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi"),
+                             start_new_session=True)
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _note(f"timed out after {timeout:g} s; killing all ranks")
+        _signal_group(child, signal.SIGKILL)
+        child.wait()
+        return EXIT_TIMEOUT
+    except KeyboardInterrupt:
+        _signal_group(child, signal.SIGTERM)
+        child.wait()
+        return 130
+    if child.returncode:
+        _note(f"mpiexec exited with {describe_exit(child.returncode)}")
+    return shell_exit_code(child.returncode)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from transports.errors import CollsError, InvalidArgument
-from transports.segment import remove_job_segments
 
 from .communicator import Communicator
+from .launcher import cleanup_job_segments, job_environment
 
 
 class SpawnError(CollsError):
@@ -100,8 +100,7 @@ def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None) -> lis
     processes, pipes = [], []
     try:
         for rank in range(nprocs):
-            env = {"COLLS_RANK": str(rank), "COLLS_WORLD_SIZE": str(nprocs), "COLLS_LOCAL_RANK": str(rank),
-                   "COLLS_TRANSPORT": "shm", "COLLS_RENDEZVOUS": rendezvous, "COLLS_JOB": job}
+            env = job_environment(rank, nprocs, "shm", rendezvous, job)
             parent_end, child_end = context.Pipe(duplex=False)
             process = context.Process(target=_child, args=(fn, rank, args, env, timeout, child_end),
                                       name=f"colls-rank-{rank}", daemon=True)
@@ -116,7 +115,7 @@ def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None) -> lis
                 process.kill()
             process.join(5)
         shutil.rmtree(rendezvous, ignore_errors=True)
-        remove_job_segments(job)
+        cleanup_job_segments(job)
 
 
 def _collect(processes, pipes, timeout: float | None) -> list[Any]:
