@@ -45,8 +45,25 @@ def run_command(args: argparse.Namespace) -> int:
     return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout)
 
 
-# Only implemented subcommands appear here (bench, fuzz, train, tune, plan join as they land).
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run,)
+def add_tune(subparsers: argparse._SubParsersAction) -> None:
+    """`colls tune [--transport T]`: measure the cost model's constants on this machine."""
+    parser = subparsers.add_parser(
+        "tune", help="measure per-message and per-byte costs here for algorithm selection",
+        description="Ping-pong between two ranks and time a numpy reduction, then save alpha, beta "
+                    "and gamma for the transport to $COLLS_TUNE_FILE (default ~/.cache/colls/tune.json).")
+    parser.add_argument("--transport", choices=("shm", "mpi"), default="shm")
+    parser.set_defaults(handler=tune_command, parser=parser)
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    """Run two ranks of `colls.tune` over the chosen transport."""
+    from .launcher import launch
+
+    return launch(["-m", "colls.tune"], 2, transport=args.transport, timeout=300)
+
+
+# Only implemented subcommands appear here (bench, fuzz, train, plan join as they land).
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -132,3 +132,25 @@ def test_broadcast_and_reduce_volumes(size):
         extra = total if name == "binomial" and root != 0 and size > 1 else 0
         assert sum(s for s, _ in volumes) == (size - 1) * total + extra, name
     assert _volumes("reduce", "direct", size, count, root)[root][1] == (size - 1) * total
+
+
+@pytest.mark.timeout(120)
+def test_colls_tune_measures_and_saves(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "tune.json"
+    env = dict(os.environ, COLLS_TUNE_FILE=str(path))
+    done = subprocess.run([sys.executable, "-m", "colls.cli", "tune"], env=env, capture_output=True,
+                          text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(path.read_text())["shm"]
+    assert 0 < entry["alpha"] < 1e-3            # a message costs microseconds, not milliseconds
+    assert 1 / 100e9 < entry["beta"] < 1 / 10e6  # between 10 MB/s and 100 GB/s
+    assert 1 / 100e9 < entry["gamma"] < 1 / 10e6
+    os.environ["COLLS_TUNE_FILE"] = str(path)
+    try:
+        assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
+    finally:
+        del os.environ["COLLS_TUNE_FILE"]
