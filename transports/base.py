@@ -16,6 +16,7 @@ Semantics every transport keeps:
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -191,13 +192,15 @@ def timeout_error(requests: Sequence[Request], deadline: float) -> CollectiveTim
 
 
 class Backoff:
-    """Spin, then yield, then sleep a little longer each time: fast when peers are running, polite
-    when ranks outnumber cores (a spinning waiter would steal the core its peer needs)."""
+    """Spin, then yield the core, then sleep a little longer each time: fast when peers are running,
+    polite when ranks outnumber cores. Yielding (not sleeping) is what lets 4-8 ranks share 2 cores:
+    a sleep costs at least the kernel's timer slack (~50 us), a yield hands the core straight to a
+    peer that has work. Only a long wait (a slow or dead peer) falls back to real sleeps."""
 
-    __slots__ = ("spins", "polls", "sleep_s")
+    __slots__ = ("polls", "sleep_s", "yield_until")
 
-    SPIN_POLLS = 200
-    YIELD_POLLS = 400
+    SPIN_POLLS = 50
+    YIELD_SECONDS = 0.05
     MAX_SLEEP_S = 0.001
 
     def __init__(self) -> None:
@@ -206,15 +209,18 @@ class Backoff:
     def reset(self) -> None:
         """Start again from spinning, after progress was made."""
         self.polls = 0
-        self.sleep_s = 2e-6
+        self.sleep_s = 5e-5
+        self.yield_until = 0.0
 
     def pause(self) -> None:
         """Wait a little before the next poll."""
         self.polls += 1
         if self.polls < self.SPIN_POLLS:
             return
-        if self.polls < self.YIELD_POLLS:
-            time.sleep(0)
+        if self.polls == self.SPIN_POLLS:
+            self.yield_until = time.monotonic() + self.YIELD_SECONDS
+        if time.monotonic() < self.yield_until:
+            os.sched_yield()
             return
         time.sleep(self.sleep_s)
         self.sleep_s = min(self.sleep_s * 2, self.MAX_SLEEP_S)
