@@ -67,7 +67,7 @@ class Communicator(Collectives):
             raise self._check.fail(collective, "the communicator is closed")
         seq = self._seq
         self._seq += 1
-        description = Description(collective, x.dtype.name if x is not None else "-",
+        description = Description(collective, x.dtype if x is not None else None,
                                   x.size if x is not None else 0, root,
                                   getattr(op, "name", None), algorithm, seq)
         limit = self.timeout if timeout is None else float(timeout)

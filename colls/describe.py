@@ -23,7 +23,7 @@ class Description:
     """What one collective call is: kind, element type and count, root, operator, algorithm."""
 
     collective: str
-    dtype: str
+    dtype: np.dtype | None
     count: int            # elements of this rank's input
     root: int | None
     op: str | None

@@ -90,6 +90,7 @@ class Selector:
         self.transport = transport
         self.size = size
         self.machine = load_machine(transport)
+        self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative, COLLS_ALGO) -> name
 
     def explain(self, collective: str, nbytes: int, candidates: list[str] | None = None) -> Explanation:
         """The choice for `nbytes` with the reasoning; `candidates` limits the choice."""
@@ -107,7 +108,16 @@ class Selector:
         return Explanation(collective, nbytes, self.size, self.transport, best, "cost model", predicted)
 
     def choose(self, collective: str, nbytes: int, commutative: bool = True) -> str:
-        """The algorithm to run when none was asked for."""
+        """The algorithm to run when none was asked for (memoised: this is on every call's path)."""
+        key = (collective, nbytes, commutative, os.environ.get("COLLS_ALGO"))
+        name = self._choices.get(key)
+        if name is None:
+            if len(self._choices) > 4096:
+                self._choices.clear()
+            name = self._choices[key] = self._choose(collective, nbytes, commutative)
+        return name
+
+    def _choose(self, collective: str, nbytes: int, commutative: bool) -> str:
         pool = [name for name in names(collective)
                 if commutative or not lookup(collective, name).commutative_only]
         return self.explain(collective, nbytes, pool).chosen
