@@ -31,7 +31,8 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the call finishes and return its result; the call's own deadline bounds this."""
         if not self._event.wait(timeout):
-            raise TimeoutError(f"{self.description} has not finished after {timeout} s")
+            label = getattr(self.description, "label", None)
+            raise TimeoutError(f"{label() if label else self.description} has not finished after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
