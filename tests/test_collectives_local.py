@@ -158,6 +158,31 @@ def test_ring_all_reduce_sends_two_n_minus_one_over_n(size: int, transport: str,
         assert {p for p, b in enumerate(traffic["bytes_sent_to"]) if b} <= neighbours
 
 
+# -- AVG at the edge of a signed dtype ---------------------------------------------------------------
+
+def _avg_to_the_minimum(comm, dtype: str) -> list[list[int]]:
+    low = int(np.iinfo(dtype).min)
+    # the two ranks' values add up to exactly the dtype's minimum: the sum is representable,
+    # and so is the average low / 2
+    x = np.array([low // 2, low // 2 + 1, -1], dtype) if comm.rank == 0 else \
+        np.array([low // 2, low // 2 - 1, low + 1], dtype)
+    return [comm.all_reduce(x, op=colls.AVG).tolist(),
+            comm.reduce_scatter(np.concatenate([x, x]), op=colls.AVG).tolist()]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(strict=True, reason="bug: _Average.finish (algorithms/ops.py) takes np.abs of the sum "
+                                       "in place; abs(iinfo.min) overflows back to iinfo.min, so the "
+                                       "average of values summing to the minimum comes out positive")
+@pytest.mark.parametrize("dtype", ("int8", "int16", "int32", "int64"))
+def test_avg_of_signed_values_summing_to_the_dtype_minimum(dtype: str) -> None:
+    """AVG truncates toward zero; int8 -64 and -64 on 2 ranks average to -64, not +64."""
+    half = int(np.iinfo(dtype).min) // 2
+    want = [half, half, half]
+    assert colls.spawn(_avg_to_the_minimum, 2, transport="local", timeout=10.0, args=(dtype,)) == \
+        [[want, want], [want, want]]
+
+
 # -- point to point: known limitations turned into tests ------------------------------------------
 
 def _isend_ring(comm, count: int) -> bool:

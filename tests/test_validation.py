@@ -348,6 +348,18 @@ def _strided(comm) -> list[str]:
     out = np.full(4, -99, np.int64)[::2]
     assert comm.scatter(view, root=0, out=out) is out
     check("scatter strided out", out, reference.oracle_scatter(base, 0, rank))
+    holder = np.full(8 * size * size, -99, np.int64)
+    out = holder[::4] if rank == size - 1 else None
+    got = comm.gather(view, root=size - 1, out=out)
+    if rank == size - 1:
+        assert got is out
+        check("gather strided out", out, np.concatenate(base))
+        check("gaps after gather", holder[1::4], np.full(2 * size * size, -99))
+    out = np.full(4 * size, -99, np.int64)[::2] if rank == 0 else None
+    got = comm.reduce(view, root=0, out=out)
+    if rank == 0:
+        assert got is out
+        check("reduce strided out", out, reference.reduce_arrays(base, "SUM"))
     return problems
 
 
