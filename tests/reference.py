@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 import traceback
 import zlib
 from collections.abc import Callable, Sequence
@@ -620,13 +621,32 @@ def run_point_to_point(checker: Checker, comm, seed: int, out_of_order: bool = T
         raise Abort("p2p") from error
 
 
+def run_barriers(checker: Checker, comm) -> None:
+    """No rank leaves a barrier before the last one entered (CLOCK_MONOTONIC is machine-wide)."""
+    try:
+        for algorithm in (None, *colls.algorithms("barrier")):
+            late = (comm.size - 1) if algorithm is None else 0
+            if comm.rank == late:
+                time.sleep(0.05)
+            entered = time.monotonic()
+            comm.barrier(algorithm=algorithm)
+            left = time.monotonic()
+            table = comm.all_gather(np.array([[entered, left]]))
+            checker.truth(f"barrier algorithm={algorithm}", table[:, 1].min() >= table[:, 0].max(),
+                          f"a rank left at {table[:, 1].min():.6f} before rank "
+                          f"{int(table[:, 0].argmax())} entered at {table[:, 0].max():.6f}")
+    except Exception as error:
+        checker.failures.append(f"rank {comm.rank}: barrier raised {error!r}\n{traceback.format_exc()}")
+        raise Abort("barrier") from error
+
+
 def run_matrix(comm, seed: int = 0, dtypes: Sequence[str] = DTYPES, counts: Sequence[int] = SMALL_COUNTS,
                big_count: int = BIG_COUNT, big_dtypes: Sequence[str] = BIG_DTYPES,
                big_collectives: Sequence[str] = BIG_COLLECTIVES, extras: bool = True,
                out_of_order: bool = True) -> dict[str, object]:
     """Run the whole matrix on `comm` (every rank calls it alike); {checks, failures} of this rank.
 
-    `extras` adds multi-dimensional rows, forced algorithms, async batches, splits and
+    `extras` adds multi-dimensional rows, forced algorithms, barriers, async batches, splits and
     point-to-point; `out_of_order` the tag-order exchange that needs non-blocking sends.
     """
     size = comm.size
@@ -637,7 +657,8 @@ def run_matrix(comm, seed: int = 0, dtypes: Sequence[str] = DTYPES, counts: Sequ
     steps: list[Callable[[], None]] = [
         lambda case=case: run_case(checker, comm, case, seed) for case in cases]
     if extras:
-        steps += [lambda: run_async(checker, comm, seed), lambda: run_splits(checker, comm, seed),
+        steps += [lambda: run_barriers(checker, comm), lambda: run_async(checker, comm, seed),
+                  lambda: run_splits(checker, comm, seed),
                   lambda: run_point_to_point(checker, comm, seed, out_of_order)]
     try:
         for step in steps:

@@ -8,6 +8,8 @@ root and algorithm) and checks them against the same oracles.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import reference
@@ -156,6 +158,27 @@ def test_ring_all_reduce_sends_two_n_minus_one_over_n(size: int, transport: str,
         # only the two ring neighbours ever see a byte from this rank
         neighbours = {(rank + 1) % size, (rank - 1) % size}
         assert {p for p, b in enumerate(traffic["bytes_sent_to"]) if b} <= neighbours
+
+
+# -- a missing rank ------------------------------------------------------------------------------------
+
+def _one_rank_absent(comm) -> str | None:
+    """Rank 1 skips the all_reduce; the others must time out with a message naming call and peer."""
+    if comm.rank == 1:
+        time.sleep(1.5)   # alive but silent: a dead peer is reported as PeerLost instead
+        return None
+    with pytest.raises(colls.CollectiveTimeout) as info:
+        comm.all_reduce(np.ones(4), timeout=0.5, algorithm="ring")
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ("local", "shm"))
+def test_timeout_names_the_call_and_the_silent_peer(transport: str) -> None:
+    messages = colls.spawn(_one_rank_absent, 3, transport=transport, timeout=10.0)
+    for rank in (0, 2):
+        assert "all_reduce" in messages[rank] and f"rank {rank}" in messages[rank], messages[rank]
+        assert "rank 1" in messages[rank] or "rank 0" in messages[rank], messages[rank]
 
 
 # -- AVG at the edge of a signed dtype ---------------------------------------------------------------
