@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import faults
+
 # numpy dtype kinds: b bool, i signed, u unsigned, f float, c complex, V structured (user ops only)
 NUMERIC = frozenset("biufc")
 ORDERED = frozenset("biuf")
@@ -50,6 +52,8 @@ class Op:
 
     def into_left(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
         """accumulator = accumulator ∘ incoming: the incoming data is from higher ranks."""
+        if faults.ACTIVE and "op_order" in faults.ACTIVE:
+            return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
         self.combine(accumulator, incoming, accumulator)
 
     def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
@@ -68,10 +72,11 @@ class _Average(Op):
         if result.dtype.kind in "fc":
             np.divide(result, size, out=result, casting="unsafe")
         else:
-            negative = result < 0
-            np.abs(result, out=result)
+            # floor division, then one up where a negative sum left a remainder: truncation toward
+            # zero without ever negating (abs(iinfo.min) would overflow)
+            round_up = (result < 0) & (result % size != 0)
             np.floor_divide(result, size, out=result)
-            np.negative(result, out=result, where=negative)
+            np.add(result, 1, out=result, where=round_up, casting="unsafe")
 
 
 SUM = Op(np.add, True, "SUM", NUMERIC)

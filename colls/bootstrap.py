@@ -26,11 +26,14 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     mpiexec. Calling it again returns the same communicator.
     """
     global _world
-    if _world is not None and not _world.closed:
-        return _world
     kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
     if kind is not None and kind not in TRANSPORTS:
         raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS} (COLLS_TRANSPORT)")
+    if _world is not None and not _world.closed:
+        if transport is not None and transport.lower() != _world.transport.name:
+            raise InvalidArgument(f"colls.init(transport={transport!r}): this process already has a "
+                                  f"world communicator over {_world.transport.name}")
+        return _world
     env = os.environ
     if "COLLS_RANK" in env and not under_mpiexec():
         _world = _from_launcher(kind or "shm", int(env["COLLS_RANK"]), int(env["COLLS_WORLD_SIZE"]), timeout)

@@ -13,11 +13,10 @@ from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 
 from .collectives import Collectives, Result
 from .describe import Description, Validator
-from .executor import Executor
+from .executor import Executor, RequestWork
 from .selection import Selector
 
 DEFAULT_TIMEOUT_S = 300.0
-USER_TAG_LIMIT = 1 << 31
 
 
 def default_timeout() -> float:
@@ -60,19 +59,18 @@ class Communicator(Collectives):
     # -- running one call ------------------------------------------------------------------------
 
     def _run(self, collective: str, algorithm: str, x: np.ndarray | None, body: Callable[[Channel], Any],
-             async_op: bool, timeout: float | None, *, root: int | None = None, op=None,
-             tag: int | None = None) -> Result:
+             async_op: bool, timeout: float | None, *, root: int | None = None, op=None) -> Result:
         """Give the call its sequence number and tag now (issue order), then run it in order."""
         if self.closed:
             raise self._check.fail(collective, "the communicator is closed")
         seq = self._seq
-        self._seq += 1
+        self._seq += 1   # the collective's tag: the same on every rank, as every rank makes the call
         description = Description(collective, x.dtype if x is not None else None,
                                   x.size if x is not None else 0, root,
                                   getattr(op, "name", None), algorithm, seq)
         limit = self.timeout if timeout is None else float(timeout)
         traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
-        call_tag = COLLECTIVE_TAG_BASE + seq if tag is None else tag
+        call_tag = COLLECTIVE_TAG_BASE + seq
 
         def job() -> Any:
             traffic.calls += 1
@@ -96,32 +94,57 @@ class Communicator(Collectives):
     # -- point to point --------------------------------------------------------------------------
 
     def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None) -> Result:
-        """Send `x` to rank `dst`; matched by a `recv` from this rank with the same tag."""
+        """Send `x` to rank `dst`; matched by a `recv` on `dst` from this rank with the same tag.
+
+        With `async_op=True` the send is posted and a handle returned at once (MPI_Isend); the buffer
+        must not change until `wait()` returns.
+        """
         x = self._check.array("send", x)
         dst = self._check.peer("send", dst, "dst")
         tag = self._user_tag("send", tag)
         flat = x.reshape(-1)
-        return self._run("send", "direct", x, lambda ch: ch.wait(ch.send(flat, dst)), async_op, timeout,
-                         tag=tag)
+        return self._point_to_point("send", lambda: self.transport.isend(flat, dst, tag), dst, flat.nbytes,
+                                    None, async_op, timeout)
 
     def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
              timeout: float | None = None) -> Result:
-        """Receive into `x` (in place; it must be contiguous and writable) from rank `src`; returns x."""
+        """Receive into `x` (in place; contiguous and writable) from rank `src`; returns `x`."""
         if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
             raise self._check.fail("recv", "x must be a writable C-contiguous numpy array to receive into")
         src = self._check.peer("recv", src, "src")
         tag = self._user_tag("recv", tag)
         flat = x.reshape(-1)
+        return self._point_to_point("recv", lambda: self.transport.irecv(flat, src, tag), src, flat.nbytes,
+                                    x, async_op, timeout)
 
-        def body(channel: Channel) -> np.ndarray:
-            channel.wait(channel.recv(flat, src))
-            return x
+    def _point_to_point(self, what: str, post: Callable[[], Any], peer: int, nbytes: int, result: Any,
+                        async_op: bool, timeout: float | None) -> Result:
+        """Post in issue order (behind queued asynchronous work), then wait now or on `wait()`.
 
-        return self._run("recv", "direct", x, body, async_op, timeout, tag=tag)
+        Point-to-point calls take no collective sequence number: only some ranks make them, and
+        the collectives' tags must stay the same on every rank.
+        """
+        if self.closed:
+            raise self._check.fail(what, "the communicator is closed")
+        traffic = self._traffic.setdefault(what, Traffic(self.size))
+        traffic.calls += 1
+        if what == "send":
+            traffic.messages_sent[peer] += 1
+            traffic.bytes_sent[peer] += nbytes
+        else:
+            traffic.messages_received[peer] += 1
+            traffic.bytes_received[peer] += nbytes
+        request = self._executor.run(post, what, async_op=False)
+        limit = self.timeout if timeout is None else float(timeout)
+        work = RequestWork(f"{self.name} {what} ({request!r})", self._executor, self.transport, request,
+                           time.monotonic() + limit, result)
+        return work if async_op else work.wait()
 
     def _user_tag(self, what: str, tag: object) -> int:
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < USER_TAG_LIMIT:
-            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{USER_TAG_LIMIT - 1}")
+        limit = self.transport.user_tag_limit
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < limit:
+            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{limit - 1} "
+                                         f"(the {self.transport.name} transport's range)")
         return int(tag)
 
     # -- groups ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ timeout errors, byte counters and, later, fingerprints that detect mismatched ca
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,9 +134,10 @@ class Validator:
     def counts(self, collective: str, counts: object, total: int, name: str = "send_counts") -> list[int]:
         """Per-rank row counts: `size` non-negative ints adding up to `total`."""
         try:
-            values = [int(c) for c in counts]  # type: ignore[union-attr]
-        except (TypeError, ValueError):
-            raise self.fail(collective, f"{name} must be a sequence of {self.size} ints") from None
+            values = [operator.index(c) for c in counts]  # type: ignore[union-attr]
+        except TypeError:
+            raise self.fail(collective, f"{name} must be a sequence of {self.size} ints, got "
+                                        f"{counts!r}") from None
         if len(values) != self.size or any(c < 0 for c in values):
             raise self.fail(collective, f"{name}={values} must hold {self.size} non-negative counts")
         if sum(values) != total:

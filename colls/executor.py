@@ -10,9 +10,12 @@ one CUDA stream per NCCL communicator.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from transports.errors import CollectiveTimeout
 
 
 class Work:
@@ -40,6 +43,34 @@ class Work:
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
         self._event.set()
+
+
+class RequestWork(Work):
+    """Handle of a posted point-to-point request: `wait()` drives the transport until it is done."""
+
+    def __init__(self, description: str, executor: Executor, transport, request, deadline: float,
+                 result: Any) -> None:
+        super().__init__(description)
+        self._executor = executor
+        self._transport = transport
+        self._request = request
+        self._deadline = deadline
+        self._result = result
+
+    def is_completed(self) -> bool:
+        """Whether the request has completed (without driving progress)."""
+        return bool(self._request.done)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for the request (at most its deadline, or `timeout` seconds) and return the result."""
+        if not self._request.done:
+            deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+            try:
+                with self._executor.exclusive():
+                    self._transport.wait_all([self._request], deadline)
+            except CollectiveTimeout as error:
+                raise CollectiveTimeout(f"{self.description}: {error}", error.peers) from None
+        return self._result
 
 
 class Executor:
@@ -92,6 +123,10 @@ class Executor:
             with self._cond:
                 self._pending -= 1
                 self._cond.notify_all()
+
+    def exclusive(self) -> threading.Lock:
+        """The lock that keeps the transport to one user at a time (held while any job runs)."""
+        return self._running
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no asynchronous job is queued or running; false on timeout."""

@@ -248,8 +248,9 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
     if mpiexec is None:
         _note("--transport mpi needs mpiexec: pip install 'colls[mpi]'")
         return 2
-    command = [mpiexec, "-n", str(nprocs), "-prepend-rank", sys.executable, *argv_of_program]
-    # no PYTHONUNBUFFERED here: Hydra prefixes each write, and print() writes a line in pieces
+    # each rank prefixes its own output a whole line at a time (see colls.linebuffered)
+    command = [mpiexec, "-n", str(nprocs), sys.executable, "-m", "colls.linebuffered",
+               *argv_of_program]
     child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi"),
                              start_new_session=True)
     try:
@@ -264,5 +265,5 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
         child.wait()
         return 130
     if child.returncode:
-        _note(f"mpiexec exited with {describe_exit(child.returncode)}")
+        _note(f"mpiexec {describe_exit(child.returncode)}")
     return shell_exit_code(child.returncode)

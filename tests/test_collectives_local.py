@@ -194,9 +194,6 @@ def _avg_to_the_minimum(comm, dtype: str) -> list[list[int]]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="bug: _Average.finish (algorithms/ops.py) takes np.abs of the sum "
-                                       "in place; abs(iinfo.min) overflows back to iinfo.min, so the "
-                                       "average of values summing to the minimum comes out positive")
 @pytest.mark.parametrize("dtype", ("int8", "int16", "int32", "int64"))
 def test_avg_of_signed_values_summing_to_the_dtype_minimum(dtype: str) -> None:
     """AVG truncates toward zero; int8 -64 and -64 on 2 ranks average to -64, not +64."""
@@ -234,10 +231,6 @@ def _out_of_order_tags(comm) -> object:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: send(async_op=True) runs on the communicator's serial executor and "
-                          "waits for its match, so the next call is not even posted (local sends are "
-                          "rendezvous): tag 2 is never sent while rank 1 waits for it")
 def test_out_of_order_tags_local() -> None:
     """Non-overtaking holds per tag only: a receive for tag 2 may match before tag 1's."""
     results = colls.spawn(_out_of_order_tags, 2, transport="local", timeout=3.0)
@@ -245,9 +238,6 @@ def test_out_of_order_tags_local() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: send(async_op=True) blocks the communicator's executor until matched, "
-                          "so the isend/recv/wait ring deadlocks on the rendezvous local transport")
 def test_isend_ring_local() -> None:
     """isend right, recv left, wait: the standard deadlock-free ring exchange."""
     assert all(colls.spawn(_isend_ring, 3, transport="local", timeout=3.0, args=(10,)))
@@ -263,10 +253,6 @@ def _p2p_then_collective(comm) -> list[float]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: Communicator._run gives send/recv a collective sequence number "
-                          "(self._seq += 1 before the user tag is used), so after point-to-point "
-                          "traffic among some ranks the collective tags differ between ranks")
 def test_point_to_point_among_some_ranks_then_collective_local() -> None:
     """Point-to-point between a subset of ranks must not shift the next collective's matching."""
     results = colls.spawn(_p2p_then_collective, 3, transport="local", timeout=3.0)

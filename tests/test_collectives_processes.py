@@ -167,11 +167,7 @@ LINES_SCRIPT = """
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", (
     "shm",
-    pytest.param("mpi", marks=[pytest.mark.mpi, pytest.mark.xfail(
-        strict=True, reason="bug: colls/launcher.py hands --transport mpi to `mpiexec -prepend-rank`, "
-                            "which prefixes every chunk read from a rank, not every line: a line "
-                            "written in two flushes comes out as '[0] first half, [1] first half, "
-                            "[0] second half'")])))
+    pytest.param("mpi", marks=[pytest.mark.mpi])))
 def test_colls_run_prefixes_whole_lines(transport: str, tmp_path: Path) -> None:
     """A line a rank writes in two pieces comes out whole, once, behind its rank prefix."""
     if transport == "mpi":
@@ -185,7 +181,7 @@ def test_colls_run_prefixes_whole_lines(transport: str, tmp_path: Path) -> None:
     assert sorted(done.stdout.splitlines()) == ["[0] first half, second half", "[1] first half, second half"]
 
 
-# -- point to point on real processes: known bugs, as tests ----------------------------------------
+# -- point to point on real processes (each once a bug) ------------------------------------------------
 
 P2P_SCRIPT = """
     import sys
@@ -209,13 +205,20 @@ P2P_SCRIPT = """
             comm.recv(np.empty(3), 0, tag=7)
         assert comm.all_reduce(np.ones(2)).tolist() == [comm.size] * 2
     elif what == "max_tag":
-        tag = 2**31 - 1                                     # accepted by send/recv's validation
+        tag = comm.transport.user_tag_limit - 1            # the largest tag this transport documents
         if comm.rank == 0:
             comm.send(np.ones(3), 1, tag=tag)
         else:
             got = np.empty(3)
             comm.recv(got, 0, tag=tag)
             assert (got == 1).all()
+        # one past it is refused on each rank by validation, before any byte moves
+        try:
+            comm.send(np.ones(3), 1 - comm.rank, tag=tag + 1)
+        except colls.InvalidArgument as error:
+            assert f"rank {comm.rank}" in str(error) and "tag" in str(error)
+        else:
+            raise AssertionError("a tag past the transport's range was accepted")
     print("P2P OK", comm.rank, flush=True)
 """
 
@@ -229,10 +232,6 @@ def p2p_script(tmp_path_factory) -> str:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="bug: send(async_op=True) waits for its match on the communicator's "
-                                       "serial executor, so the recv behind it is never posted: the "
-                                       "isend/recv/wait ring deadlocks once a message exceeds MPI's "
-                                       "eager size")
 def test_isend_ring_large_mpi(p2p_script: str) -> None:
     """isend right, recv left, wait: MPI's standard ring, with 8 MiB messages."""
     done = mpiexec_run(need_mpi(), 3, [p2p_script, "isend_ring"], timeout=45, COLLS_TIMEOUT="5")
@@ -250,10 +249,6 @@ def _isend_ring_large(comm) -> bool:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: send(async_op=True) waits for its match on the communicator's serial "
-                          "executor; an 8 MiB send fills the shm FIFO (4 x 256 KiB) and the recv "
-                          "behind it is never posted: the isend/recv/wait ring deadlocks")
 def test_isend_ring_large_shm() -> None:
     """isend right, recv left, wait, with messages larger than the shared-memory FIFO."""
     assert all(colls.spawn(_isend_ring_large, 3, transport="shm", timeout=5.0))
@@ -261,8 +256,6 @@ def test_isend_ring_large_shm() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="bug: Communicator._run gives send/recv a collective sequence "
-                                       "number, so after p2p among some ranks collective tags disagree")
 def test_point_to_point_among_some_ranks_then_collective_mpi(p2p_script: str) -> None:
     """Ranks 0 and 1 exchange a message, then all three all-reduce."""
     done = mpiexec_run(need_mpi(), 3, [p2p_script, "subset_then_collective"], timeout=45,
@@ -279,9 +272,6 @@ def _subset_then_collective(comm) -> list[float]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: Communicator._run gives send/recv a collective sequence number, so "
-                          "after p2p among some ranks collective tags disagree")
 def test_point_to_point_among_some_ranks_then_collective_shm() -> None:
     """Ranks 0 and 1 exchange a message, then all three all-reduce."""
     assert colls.spawn(_subset_then_collective, 3, transport="shm", timeout=5.0) == [[3.0, 3.0]] * 3
@@ -289,10 +279,7 @@ def test_point_to_point_among_some_ranks_then_collective_shm() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="bug: send/recv validate tag < 2**31 (USER_TAG_LIMIT) but the mpi "
-                                       "transport only takes tags up to MPI_TAG_UB (2**29 - 1 in MPICH) "
-                                       "and raises a plain ValueError from inside the transport")
 def test_largest_documented_tag_mpi(p2p_script: str) -> None:
-    """tag=2**31-1 passes validation, so it must work on every transport."""
+    """The largest tag the transport documents works; one more is an InvalidArgument on the rank."""
     done = mpiexec_run(need_mpi(), 2, [p2p_script, "max_tag"], timeout=45, COLLS_TIMEOUT="5")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -113,9 +113,6 @@ def _fractional_counts(comm) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, raises=colls.SpawnError,
-                   reason="bug: Validator.counts (colls/describe.py) converts with int(c), so "
-                          "send_counts=[0.9, 2.5] for 2 rows is truncated to [0, 2] and accepted")
 def test_all_to_all_v_fractional_counts() -> None:
     spawn(_fractional_counts, 2)
 
@@ -302,9 +299,6 @@ def test_init_rejects_an_unknown_transport() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="bug: colls/bootstrap.py init() returns the existing world before "
-                                       "checking `transport`, so colls.init(transport='carrier-pigeon') "
-                                       "is silently accepted once a world exists")
 def test_init_rejects_an_unknown_transport_after_a_world_exists() -> None:
     assert "InvalidArgument" in run_init("again", "carrier-pigeon")
 

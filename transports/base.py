@@ -59,6 +59,7 @@ class Transport(ABC):
     name: str = "abstract"
     rank: int
     size: int
+    user_tag_limit: int = 1 << 31   # point-to-point tags are 0 .. user_tag_limit - 1
 
     @abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:

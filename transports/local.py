@@ -1,8 +1,9 @@
 """The `local` transport: ranks are threads of one process, for fast tests and `colls.spawn`.
 
-A send is a rendezvous, not an eager copy: it is parked in the receiver's mailbox and completes only
-when the receiver has copied (or reduced) straight out of the sender's buffer. That is stricter than
-a buffered transport, so an algorithm that only works because sends complete early fails here too.
+A send larger than 4 KiB is a rendezvous, not an eager copy: it is parked in the receiver's mailbox
+and completes only when the receiver has copied (or reduced) straight out of the sender's buffer.
+That is stricter than a buffered transport, so an algorithm that only works because big sends
+complete early fails here too; small sends are copied and complete at once, as MPI's eager ones do.
 One lock and condition guard the whole world; with the GIL there is nothing to gain from finer locks.
 """
 
@@ -18,6 +19,8 @@ import numpy as np
 
 from .base import Exchange, Reducer, Request, Transport, check_buffer, timeout_error
 from .errors import CollectiveMismatch, PeerLost
+
+EAGER_BYTES = 4096   # sends up to this size are copied and complete at once; larger ones rendezvous
 
 
 class _Send(Request):
@@ -81,7 +84,9 @@ class LocalTransport(Transport):
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "local send")
-        request = _Send(peer, tag, buf)
+        eager = buf.nbytes <= EAGER_BYTES
+        request = _Send(peer, tag, buf.copy() if eager else buf)
+        request.done = eager   # like MPI's eager protocol: a small send completes once copied
         with self.world.cond:
             self.world.mailbox[peer][self.rank].append(request)
             self.world.cond.notify_all()

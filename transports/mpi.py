@@ -79,6 +79,7 @@ class MpiTransport(Transport):
         self.rank = base.Get_rank()
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
+        self.user_tag_limit = self.tag_limit
         self.scratch = ScratchPool()
         self.status = MPI.Status()
         self.closed = False
