@@ -11,10 +11,12 @@ import numpy as np
 
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 
+from . import fingerprint
 from .collectives import Collectives, Result
 from .describe import Description, Validator
 from .executor import Executor, RequestWork
 from .selection import Selector
+from .trace import Tracer
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -51,6 +53,7 @@ class Communicator(Collectives):
         self._seq = 0
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
+        self._tracer = Tracer(name, self.rank)
         self.closed = False
 
     def __repr__(self) -> str:
@@ -72,11 +75,24 @@ class Communicator(Collectives):
         traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
         call_tag = COLLECTIVE_TAG_BASE + seq
 
+        tracer = self._tracer
+
         def job() -> Any:
             traffic.calls += 1
             channel = Channel(self.transport, call_tag, time.monotonic() + limit,
                               _Label(self.name, description), traffic)
-            return body(channel)
+            if not tracer.active:
+                return body(channel)
+            start = time.perf_counter()
+            try:
+                if tracer.debug:
+                    fingerprint.check(channel, description)   # before any data moves
+                result = body(channel)
+            except BaseException as error:
+                tracer.failed(description, error)
+                raise
+            tracer.finished(description, x.nbytes if x is not None else 0, time.perf_counter() - start)
+            return result
 
         return self._executor.run(job, description, async_op)
 
