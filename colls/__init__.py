@@ -10,6 +10,7 @@ from transports.errors import (
     CollectiveMismatch,
     CollectiveTimeout,
     CollsError,
+    CommunicatorAborted,
     InvalidArgument,
     PeerLost,
     TransportError,
@@ -31,6 +32,7 @@ def algorithms(collective: str) -> list[str]:
 
 __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
-    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "InvalidArgument", "PeerLost",
+    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
+    "PeerLost",
     "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "explain", "init", "spawn",
 ]

@@ -208,6 +208,14 @@ class Communicator(Collectives):
         """Wait until every asynchronous call issued so far has finished."""
         self._executor.drain(timeout)
 
+    def abort(self, reason: str = "") -> None:
+        """Release every rank blocked in a call on this communicator with `CommunicatorAborted`.
+
+        Callable from any thread (a watchdog, a signal handler's thread); the peers notice within
+        a fraction of a second. The communicator cannot be used afterwards.
+        """
+        self.transport.abort(f"aborted by rank {self.rank}" + (f": {reason}" if reason else ""))
+
     def close(self) -> None:
         """Finish pending work and release the transport (segments, MPI communicators)."""
         if not self.closed:

@@ -5,6 +5,7 @@ from .errors import (
     CollectiveMismatch,
     CollectiveTimeout,
     CollsError,
+    CommunicatorAborted,
     InvalidArgument,
     PeerLost,
     TransportError,
@@ -12,6 +13,7 @@ from .errors import (
 
 __all__ = [
     "COLLECTIVE_TAG_BASE", "Channel", "Exchange", "Reducer", "Request", "Traffic", "Transport",
-    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "InvalidArgument", "PeerLost",
+    "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
+    "PeerLost",
     "TransportError",
 ]

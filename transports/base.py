@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import CollectiveTimeout
+from .errors import CollectiveTimeout, CommunicatorAborted
 
 # reducer(accumulator, incoming): combine `incoming` into `accumulator` in place (same dtype, same length).
 Reducer = Callable[[np.ndarray, np.ndarray], None]
@@ -92,6 +92,17 @@ class Transport(ABC):
     def close(self) -> None:
         """Release what this transport holds (segments, communicators); idempotent."""
         return None
+
+    def abort(self, reason: str) -> None:
+        """Make every wait on this group, on every rank, raise `CommunicatorAborted` soon."""
+        self.aborted = reason
+
+    aborted: str | None = None
+
+    def check_aborted(self) -> None:
+        """Raise `CommunicatorAborted` if this rank or (where the transport can tell) a peer aborted."""
+        if self.aborted is not None:
+            raise CommunicatorAborted(f"rank {self.rank}: {self.aborted}")
 
     @property
     def one_sided(self) -> bool:

@@ -27,6 +27,10 @@ class PeerLost(CollsError):
         self.peer = peer
 
 
+class CommunicatorAborted(CollsError):
+    """`comm.abort()` was called on some rank; every call blocked on that communicator is released."""
+
+
 class CollectiveMismatch(CollsError):
     """Ranks called different collectives, or the same one with different counts, dtypes or roots."""
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Exchange, Reducer, Request, Transport, check_buffer, timeout_error
-from .errors import CollectiveMismatch, PeerLost
+from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost
 
 EAGER_BYTES = 4096   # sends up to this size are copied and complete at once; larger ones rendezvous
 
@@ -53,6 +53,7 @@ class LocalWorld:
         # mailbox[dst][src]: sends from src waiting for dst to match them, in posting order.
         self.mailbox: list[list[deque[_Send]]] = [[deque() for _ in range(size)] for _ in range(size)]
         self.lost: dict[int, str] = {}
+        self.aborted: str | None = None
         self.children: dict[int, LocalWorld] = {}
 
     def transport(self, rank: int) -> LocalTransport:
@@ -116,6 +117,8 @@ class LocalTransport(Transport):
                     if not r.done and r.peer in world.lost:
                         raise PeerLost(f"rank {r.peer} is gone ({world.lost[r.peer]}); "
                                        f"rank {self.rank} was waiting for its {r!r}", r.peer)
+                if world.aborted is not None:
+                    raise CommunicatorAborted(f"rank {self.rank}: {world.aborted}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise timeout_error(requests, deadline)
@@ -135,6 +138,11 @@ class LocalTransport(Transport):
                 _deliver(send, recv, src, self.rank)
                 moved = True
         return moved
+
+    def abort(self, reason: str) -> None:
+        with self.world.cond:
+            self.world.aborted = reason
+            self.world.cond.notify_all()
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
         # The first rank of each new group creates its world; the others find it by id.

@@ -76,6 +76,10 @@ class MpiTransport(Transport):
         base = comm if comm is not None else MPI.COMM_WORLD
         self.collective_comm = base.Dup()
         self.p2p_comm = base.Dup()
+        # a third context only for abort notices: one receive from anyone, always posted
+        self.abort_comm = base.Dup()
+        self.abort_notice = np.zeros(1, np.int64)
+        self.abort_request = self.abort_comm.Irecv([self.abort_notice, MPI.INT64_T], MPI.ANY_SOURCE, 0)
         self.rank = base.Get_rank()
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
@@ -144,6 +148,7 @@ class MpiTransport(Transport):
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
         backoff = Backoff()
+        next_abort_check = time.monotonic() + 0.2
         while True:
             progressed = False
             for request in requests:
@@ -153,9 +158,26 @@ class MpiTransport(Transport):
                 return
             if progressed:
                 backoff.reset()
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise timeout_error(requests, deadline)
+            if now >= next_abort_check:
+                next_abort_check = now + 0.2
+                self.check_aborted()
             backoff.pause()
+
+    def abort(self, reason: str) -> None:
+        self.aborted = reason
+        notice = np.array([self.rank + 1], np.int64)
+        for peer in range(self.size):
+            if peer != self.rank:
+                self.abort_comm.Isend([notice, self.MPI.INT64_T], peer, 0)   # never waited: best effort
+
+    def check_aborted(self) -> None:
+        if self.abort_request is not None and self.abort_request.Test():
+            self.abort_request = None
+            self.aborted = f"the group was aborted by rank {int(self.abort_notice[0]) - 1}"
+        super().check_aborted()
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
         MPI = self.MPI
@@ -173,5 +195,8 @@ class MpiTransport(Transport):
             return
         self.closed = True
         if not self.MPI.Is_finalized():
-            self.collective_comm.Free()
-            self.p2p_comm.Free()
+            if self.abort_request is not None:
+                self.abort_request.Cancel()
+                self.abort_request.Wait()
+            for comm in (self.collective_comm, self.p2p_comm, self.abort_comm):
+                comm.Free()

@@ -24,12 +24,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, timeout_error
-from .errors import CollectiveMismatch, PeerLost, TransportError
+from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost, TransportError
 from .segment import Segment
 
 CONTROL_BYTES = 128          # head at byte 0, tail at byte 64: two cache lines
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
+HEADER_PAGE = 4096           # the segment's first page: the abort word
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 
@@ -113,7 +114,7 @@ class ShmTransport(Transport):
         self.rank, self.size = rank, size
         self.chunk, self.slots = fifo_geometry(size)
         fifo_bytes = _fifo_bytes(self.chunk, self.slots)
-        self.segment = Segment.create(fifo_bytes * size, job)
+        self.segment = Segment.create(HEADER_PAGE + fifo_bytes * size, job)
         self.peers: list[Segment] = []
         try:
             # Everyone learns everyone's segment name and pid, maps them, and says so; only then
@@ -126,14 +127,17 @@ class ShmTransport(Transport):
                 if peer_fifo_bytes != fifo_bytes:
                     raise TransportError(f"rank {peer} uses another FIFO geometry; set COLLS_SHM_* alike")
                 name = entry[16:].decode()
-                self.peers.append(self.segment if peer == rank else Segment.attach(name, fifo_bytes * size))
+                self.peers.append(self.segment if peer == rank
+                                  else Segment.attach(name, HEADER_PAGE + fifo_bytes * size))
             exchange(b"mapped")
         finally:
             self.segment.unlink()
         # inbound[p]: the FIFO from p in my segment; outbound[p]: the FIFO to p in p's segment
-        self.inbound = [_Fifo(self.segment.array, p * fifo_bytes, self.chunk, self.slots)
+        # each segment's first page: [0] = 1 + the rank that aborted the group (0: none)
+        self.abort_words = [segment.array[:8].view(np.int64) for segment in self.peers]
+        self.inbound = [_Fifo(self.segment.array, HEADER_PAGE + p * fifo_bytes, self.chunk, self.slots)
                         for p in range(size)]
-        self.outbound = [_Fifo(self.peers[p].array, rank * fifo_bytes, self.chunk, self.slots)
+        self.outbound = [_Fifo(self.peers[p].array, HEADER_PAGE + rank * fifo_bytes, self.chunk, self.slots)
                          for p in range(size)]
         self.sent_head = [0] * size      # my copy of outbound head (I am its only writer)
         self.read_tail = [0] * size      # my copy of inbound tail (I am its only writer)
@@ -293,8 +297,19 @@ class ShmTransport(Transport):
                 raise timeout_error(requests, deadline)
             if now >= next_liveness:
                 next_liveness = now + LIVENESS_PERIOD_S
+                self.check_aborted()
                 self._check_alive(requests)
             backoff.pause()
+
+    def abort(self, reason: str) -> None:
+        self.aborted = reason
+        for word in self.abort_words:
+            word[0] = self.rank + 1          # every peer sees it at its next liveness check
+
+    def check_aborted(self) -> None:
+        word = self.abort_words[self.rank]   # peers write into my segment's word
+        if word[0]:
+            raise CommunicatorAborted(f"rank {self.rank}: the group was aborted by rank {int(word[0]) - 1}")
 
     def _check_alive(self, requests: Sequence[Request]) -> None:
         for request in requests:
@@ -323,7 +338,7 @@ class ShmTransport(Transport):
         if self.closed:
             return
         self.closed = True
-        self.inbound = self.outbound = []
+        self.inbound = self.outbound = self.abort_words = []
         for segment in self.peers:
             if segment is not self.segment:
                 segment.close()
