@@ -30,7 +30,7 @@ from .segment import Segment
 CONTROL_BYTES = 128          # head at byte 0, tail at byte 64: two cache lines
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
-HEADER_PAGE = 4096           # the segment's first page: the abort word
+HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 
@@ -133,8 +133,9 @@ class ShmTransport(Transport):
         finally:
             self.segment.unlink()
         # inbound[p]: the FIFO from p in my segment; outbound[p]: the FIFO to p in p's segment
-        # each segment's first page: [0] = 1 + the rank that aborted the group (0: none)
-        self.abort_words = [segment.array[:8].view(np.int64) for segment in self.peers]
+        # each segment's first page: [0] = 1 + the rank that aborted the group, [1] = 1 + a rank
+        # known to have died (0: none)
+        self.abort_words = [segment.array[:16].view(np.int64) for segment in self.peers]
         self.inbound = [_Fifo(self.segment.array, HEADER_PAGE + p * fifo_bytes, self.chunk, self.slots)
                         for p in range(size)]
         self.outbound = [_Fifo(self.peers[p].array, HEADER_PAGE + rank * fifo_bytes, self.chunk, self.slots)
@@ -312,8 +313,21 @@ class ShmTransport(Transport):
             raise CommunicatorAborted(f"rank {self.rank}: the group was aborted by rank {int(word[0]) - 1}")
 
     def _check_alive(self, requests: Sequence[Request]) -> None:
+        """PeerLost if a rank I wait for has died, or if a peer already found one dead.
+
+        The first rank to see a death writes it into every peer's header page (word 1), so ranks
+        waiting on that first rank (which has then left) still name the rank that really died.
+        """
+        known = int(self.abort_words[self.rank][1])
+        if known:
+            dead = known - 1
+            raise PeerLost(f"rank {dead} (pid {self.pids[dead]}) has died; rank {self.rank} learned it "
+                           f"from a peer while waiting", dead)
         for request in requests:
             if not request.done and not _alive(self.pids[request.peer]):
+                for word in self.abort_words:
+                    if not word[1]:
+                        word[1] = request.peer + 1
                 raise PeerLost(f"rank {request.peer} (pid {self.pids[request.peer]}) has died; rank "
                                f"{self.rank} was waiting for its {request!r}", request.peer)
 

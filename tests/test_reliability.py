@@ -1,0 +1,267 @@
+"""Fault injection: mismatched calls, skipped calls, killed ranks, full /dev/shm, foreign segments, abort.
+
+Every failure must surface as an error of our own type that names the ranks involved, within seconds,
+and leave nothing behind in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colls
+from colls.launcher import job_environment
+from transports import segment
+from transports.errors import TransportError
+
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+KILL_RUNS = int(os.environ.get("COLLS_KILL_RUNS", "50"))
+
+
+def _mismatch(kind: str):
+    """A function for spawn in which rank 1 calls something other than the rest, by `kind`."""
+
+    def body(comm):
+        odd = comm.rank == 1
+        x = np.ones(6, np.float32)
+        start = time.monotonic()
+        try:
+            if kind == "op":
+                comm.all_reduce(x, op=colls.MAX if odd else colls.SUM)
+            elif kind == "count":
+                comm.all_reduce(np.ones(7 if odd else 6, np.float32))
+            elif kind == "dtype":
+                comm.all_reduce(x.astype(np.float64) if odd else x)
+            elif kind == "root":
+                comm.broadcast(x, root=1 if odd else 0)
+            elif kind == "collective":
+                comm.broadcast(x) if odd else comm.all_reduce(x)
+        except colls.CollectiveMismatch as error:
+            return {"error": str(error), "seconds": time.monotonic() - start}
+        return {"error": None}
+
+    return body
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("kind", ["op", "count", "dtype", "root", "collective"])
+def test_mismatch_raises_on_every_rank_naming_both_sides(kind, transport, monkeypatch):
+    monkeypatch.setenv("COLLS_DEBUG", "1")
+    monkeypatch.setenv("COLLS_TIMEOUT", "20")
+    results = colls.spawn(_mismatch(kind), 3, transport=transport, timeout=30)
+    for rank, result in enumerate(results):
+        assert result["error"] is not None, f"rank {rank} did not notice the {kind} mismatch"
+        assert result["seconds"] < 5
+        assert f"rank {rank}:" in result["error"]
+        assert "ranks [0, 2] called" in result["error"] and "ranks [1] called" in result["error"]
+
+
+MPI_MISMATCH = """
+import numpy as np, colls, sys
+comm = colls.init()
+x = np.ones(4, np.int32)
+try:
+    comm.all_reduce(x, op=colls.MAX if comm.rank == 1 else colls.SUM)
+    print("NOERROR", flush=True)
+except colls.CollectiveMismatch as error:
+    print("MISMATCH", comm.rank, "ranks [1] called" in str(error), flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_mismatch_under_mpiexec(tmp_path):
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = tmp_path / "mismatch.py"
+    script.write_text(MPI_MISMATCH)
+    env = dict(os.environ, COLLS_DEBUG="1", COLLS_TIMEOUT="20")
+    done = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, str(script)], env=env,
+                          capture_output=True, text=True, timeout=50)
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("MISMATCH"))
+    assert lines == [f"MISMATCH {r} True" for r in range(3)], done.stdout + done.stderr
+
+
+def _skipper(comm):
+    """Rank 2 skips the all-reduce the others make; they must time out naming it."""
+    if comm.rank == 2:
+        time.sleep(3)
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4), timeout=1.0)
+    except colls.CollectiveTimeout as error:
+        return {"seconds": time.monotonic() - start, "message": str(error), "peers": list(error.peers)}
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_skipped_collective_times_out_naming_the_silent_rank(transport):
+    results = colls.spawn(_skipper, 3, transport=transport, timeout=30)
+    for rank in (0, 1):
+        result = results[rank]
+        assert result is not None, f"rank {rank} did not time out"
+        assert 1.0 <= result["seconds"] < 2.0            # within the deadline + 1 s
+        assert "all_reduce #0" in result["message"] and f"rank {rank}" in result["message"]
+        assert 2 in result["peers"] or 1 - rank in result["peers"]  # the ring waits on a neighbour
+
+
+def _tiny_deadline(comm):
+    if comm.rank == 0:
+        start = time.monotonic()
+        try:
+            comm.all_reduce(np.ones(4), timeout=0.01)
+        except colls.CollectiveTimeout:
+            return time.monotonic() - start
+        return None
+    time.sleep(1.5)
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_ten_millisecond_deadline_raises_in_under_a_second(transport):
+    elapsed = colls.spawn(_tiny_deadline, 2, transport=transport, timeout=20)[0]
+    assert elapsed is not None and elapsed < 1.0
+
+
+KILL_SCRIPT = """
+import json, os, signal, sys, time
+import numpy as np
+import colls
+
+victim, delay = int(sys.argv[1]), float(sys.argv[2])
+comm = colls.init(timeout=60)
+x = np.ones(4 << 20, np.float32)                     # 16 MiB: long enough to be killed inside
+comm.barrier()
+start = time.monotonic()
+if comm.rank == victim:
+    import threading
+    threading.Timer(delay, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
+try:
+    while True:
+        comm.all_reduce(x)
+except colls.PeerLost as error:
+    killed_at = start + delay
+    print(json.dumps({"rank": comm.rank, "peer": error.peer, "after": time.monotonic() - killed_at}))
+"""
+
+
+def _job_segments(job: str) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"colls-{job}-")]
+
+
+@pytest.mark.timeout(600)
+def test_killed_rank_is_named_by_every_survivor_within_seconds(tmp_path):
+    """KILL_RUNS times: SIGKILL a random rank mid all-reduce; survivors raise PeerLost naming it."""
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    rng = random.Random(20261202)
+    detections = []
+    for run in range(KILL_RUNS):
+        size = rng.choice([2, 3])
+        victim, delay = rng.randrange(size), rng.uniform(0.05, 0.3)
+        job = f"kill{run}x{os.getpid()}"
+        rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")
+        environments = [dict(os.environ, **job_environment(rank, size, "shm", rendezvous, job))
+                        for rank in range(size)]
+        children = [subprocess.Popen([sys.executable, str(script), str(victim), str(delay)], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for env in environments]
+        outputs = [child.communicate(timeout=60) for child in children]
+        shutil.rmtree(rendezvous)
+        assert children[victim].returncode == -signal.SIGKILL
+        for rank, (out, err) in enumerate(outputs):
+            if rank == victim:
+                continue
+            assert children[rank].returncode == 0, err
+            report = json.loads(out.strip().splitlines()[-1])
+            assert report["peer"] == victim
+            assert report["after"] < 3.0, report
+            detections.append(report["after"])
+        assert _job_segments(job) == []                 # unlinked at setup: a SIGKILL leaks nothing
+    assert len(detections) >= KILL_RUNS
+    print(f"\n{KILL_RUNS} kills, detection median {np.median(detections):.2f} s, max {max(detections):.2f} s")
+
+
+@pytest.mark.timeout(60)
+def test_colls_run_reports_the_killed_rank_and_leaves_nothing(tmp_path):
+    script = tmp_path / "kill.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    done = subprocess.run([sys.executable, "-m", "colls.cli", "run", "-n", "3", str(script), "1", "0.2"],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 128 + signal.SIGKILL
+    assert "rank 1" in done.stderr and "SIGKILL" in done.stderr
+    leftovers = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+    # (no segment of the job is left: conftest checks /dev/shm after the session)
+
+
+def test_full_dev_shm_gives_a_clear_error(monkeypatch):
+    from transports.shm import ShmTransport
+
+    monkeypatch.setattr(segment, "free_bytes", lambda directory=segment.SHM_DIR: 1000)
+    with pytest.raises(TransportError, match=r"need \d+ B in /dev/shm but only 1000 B are free.*--shm-size"):
+        ShmTransport(0, 1, lambda data: [data])
+
+
+def test_segments_are_owner_only_and_foreign_ones_refused():
+    made = segment.Segment.create(8192, job="permtest")
+    try:
+        info = os.stat(os.path.join(segment.SHM_DIR, made.name))
+        assert info.st_mode & 0o777 == 0o600 and info.st_uid == os.getuid()
+    finally:
+        made.close()
+    assert not os.path.exists(os.path.join(segment.SHM_DIR, made.name))
+    # a segment with a looser mode (as another user's, or a planted one) is refused
+    name = "colls-permtest-planted"
+    path = os.path.join(segment.SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        os.ftruncate(fd, 8192)
+        with pytest.raises(TransportError, match="mode 644; expected owner .* mode 600"):
+            segment.Segment.attach(name, 8192)
+        with pytest.raises(TransportError, match="refusing segment name"):
+            segment.Segment.attach("../etc/passwd", 8192)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def _aborter(comm):
+    if comm.rank == 0:
+        import threading
+
+        threading.Timer(0.3, comm.abort, args=("watchdog",)).start()
+        time.sleep(2)
+        return None
+    start = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(8))
+    except colls.CommunicatorAborted as error:
+        return {"seconds": time.monotonic() - start, "message": str(error)}
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_abort_releases_every_blocked_rank(transport):
+    results = colls.spawn(_aborter, 3, transport=transport, timeout=20)
+    for rank in (1, 2):
+        assert results[rank] is not None and results[rank]["seconds"] < 1.5
+        assert "rank 0" in results[rank]["message"]
