@@ -70,14 +70,24 @@ def test_mismatch_raises_on_every_rank_naming_both_sides(kind, transport, monkey
 
 
 MPI_MISMATCH = """
-import numpy as np, colls, sys
+import numpy as np, colls
 comm = colls.init()
+odd = comm.rank == 1
 x = np.ones(4, np.int32)
-try:
-    comm.all_reduce(x, op=colls.MAX if comm.rank == 1 else colls.SUM)
-    print("NOERROR", flush=True)
-except colls.CollectiveMismatch as error:
-    print("MISMATCH", comm.rank, "ranks [1] called" in str(error), flush=True)
+calls = {
+    "op": lambda: comm.all_reduce(x, op=colls.MAX if odd else colls.SUM),
+    "count": lambda: comm.all_reduce(np.ones(5 if odd else 4, np.int32)),
+    "dtype": lambda: comm.all_reduce(x.astype(np.int64) if odd else x),
+    "root": lambda: comm.broadcast(x, root=1 if odd else 0),
+    "collective": lambda: comm.broadcast(x) if odd else comm.all_reduce(x),
+}
+for kind, call in calls.items():   # no data moved on a mismatch, so the next call starts clean
+    try:
+        call()
+        print("NOERROR", kind, comm.rank, flush=True)
+    except colls.CollectiveMismatch as error:
+        print("MISMATCH", kind, comm.rank, "ranks [1] called" in str(error), flush=True)
+assert comm.all_reduce(x).tolist() == [comm.size] * 4
 """
 
 
@@ -91,8 +101,10 @@ def test_mismatch_under_mpiexec(tmp_path):
     env = dict(os.environ, COLLS_DEBUG="1", COLLS_TIMEOUT="20")
     done = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, str(script)], env=env,
                           capture_output=True, text=True, timeout=50)
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("MISMATCH"))
-    assert lines == [f"MISMATCH {r} True" for r in range(3)], done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith(("MISMATCH", "NOERROR")))
+    kinds = ("op", "count", "dtype", "root", "collective")
+    assert lines == sorted(f"MISMATCH {kind} {r} True" for kind in kinds for r in range(3)), done.stdout
 
 
 def _skipper(comm):
