@@ -23,16 +23,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import cma
 from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, timeout_error
 from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost, TransportError
 from .segment import Segment
 
-CONTROL_BYTES = 128          # head at byte 0, tail at byte 64: two cache lines
+CONTROL_BYTES = 192          # head at byte 0, tail at 64, rendezvous acks at 128: a cache line each
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
 HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
+RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
+REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
+
+
+def rendezvous_bytes() -> int:
+    """Messages at least this large move by cross-memory attach when every rank can use it."""
+    return int(os.environ.get("COLLS_SHM_CMA_BYTES", str(64 << 10)))
 
 
 def fifo_geometry(size: int) -> tuple[int, int]:
@@ -54,7 +62,7 @@ class _Fifo:
     __slots__ = ("control", "headers", "data")
 
     def __init__(self, segment: np.ndarray, offset: int, chunk: int, slots: int) -> None:
-        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head, [8] tail
+        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head [8] tail [16] acks
         offset += CONTROL_BYTES
         header_bytes = slots * HEADER_FIELDS * 8
         self.headers = segment[offset:offset + header_bytes].view(np.int64).reshape(slots, HEADER_FIELDS)
@@ -68,13 +76,14 @@ def _fifo_bytes(chunk: int, slots: int) -> int:
 
 
 class _Out(Request):
-    __slots__ = ("data", "pos", "started")
+    __slots__ = ("data", "pos", "started", "ack")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray) -> None:
         super().__init__("send", peer, tag, buf.nbytes)
         self.data = buf.view(np.uint8)
         self.pos = 0
         self.started = False
+        self.ack = 0          # for a rendezvous send: the peer's ack count that completes it
 
 
 class _In(Request):
@@ -119,17 +128,23 @@ class ShmTransport(Transport):
         try:
             # Everyone learns everyone's segment name and pid, maps them, and says so; only then
             # does each owner unlink its own, so that a crash from here on leaks nothing.
-            mine = struct.pack("<qq", os.getpid(), fifo_bytes) + self.segment.name.encode()
+            probe = np.array([os.getpid()], np.int64)   # read by peers to test cross-memory attach
+            mine = (struct.pack("<qqq", os.getpid(), fifo_bytes, probe.ctypes.data)
+                    + self.segment.name.encode())
             table = exchange(mine)
-            self.pids = [struct.unpack("<qq", entry[:16])[0] for entry in table]
+            self.pids = [struct.unpack("<qqq", entry[:24])[0] for entry in table]
+            readable = True
             for peer, entry in enumerate(table):
-                _, peer_fifo_bytes = struct.unpack("<qq", entry[:16])
+                pid, peer_fifo_bytes, probe_address = struct.unpack("<qqq", entry[:24])
                 if peer_fifo_bytes != fifo_bytes:
                     raise TransportError(f"rank {peer} uses another FIFO geometry; set COLLS_SHM_* alike")
-                name = entry[16:].decode()
+                name = entry[24:].decode()
                 self.peers.append(self.segment if peer == rank
                                   else Segment.attach(name, HEADER_PAGE + fifo_bytes * size))
-            exchange(b"mapped")
+                readable = readable and (peer == rank or cma.probe(pid, probe_address, pid))
+            # big messages go by cross-memory attach only if every rank can read every peer
+            verdicts = exchange(b"mapped" + bytes([readable]))
+            self.cma = size > 1 and all(entry[-1] == 1 for entry in verdicts)
         finally:
             self.segment.unlink()
         # inbound[p]: the FIFO from p in my segment; outbound[p]: the FIFO to p in p's segment
@@ -148,6 +163,11 @@ class ShmTransport(Transport):
         self.stashed: list[list[_In]] = [[] for _ in range(size)]
         self.active_out: set[int] = set()
         self.active_in: set[int] = set()
+        self.rendezvous_bytes = rendezvous_bytes() if self.cma else 1 << 62
+        self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
+        self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
+        self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
+        self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.closed = False
 
     # -- posting ---------------------------------------------------------------------------------
@@ -177,13 +197,31 @@ class ShmTransport(Transport):
     # -- progress --------------------------------------------------------------------------------
 
     def _push(self, peer: int) -> bool:
-        """Copy as many chunks of queued sends to `peer` as there are free slots."""
+        """Copy as many chunks of queued sends to `peer` as there are free slots.
+
+        A send of at least `rendezvous_bytes` takes one slot holding its buffer's address instead;
+        the receiver reads it straight out of this process and acks, which completes the send.
+        """
         fifo, queue = self.outbound[peer], self.sends[peer]
         head, chunk, slots = self.sent_head[peer], self.chunk, self.slots
-        moved = False
+        moved = self._collect_acks(peer)
         while queue:
             send = queue[0]
             free = slots - (head - int(fifo.control[8]))
+            if send.nbytes >= self.rendezvous_bytes and not send.started:
+                if free <= 0:
+                    break
+                fifo.headers[head % slots] = (send.tag, send.nbytes, send.data.ctypes.data, RENDEZVOUS_CHUNK)
+                head += 1
+                fifo.control[0] = head
+                send.started = True
+                send.pos = send.nbytes
+                self.rendezvous_posted[peer] += 1
+                send.ack = self.rendezvous_posted[peer]
+                self.awaiting[peer].append(send)
+                queue.popleft()
+                moved = True
+                continue
             while free > 0 and (send.pos < send.nbytes or not send.started):
                 n = min(chunk, send.nbytes - send.pos)
                 slot = head % slots
@@ -201,9 +239,44 @@ class ShmTransport(Transport):
             send.done = True
             queue.popleft()
         self.sent_head[peer] = head
-        if not queue:
+        if not queue and not self.awaiting[peer]:
             self.active_out.discard(peer)
         return moved
+
+    def _collect_acks(self, peer: int) -> bool:
+        """Complete the rendezvous sends to `peer` that it has finished reading."""
+        awaiting = self.awaiting[peer]
+        if not awaiting:
+            return False
+        acked = int(self.outbound[peer].control[16])
+        moved = False
+        while awaiting and awaiting[0].ack <= acked:
+            awaiting.pop(0).done = True
+            moved = True
+        return moved
+
+    def _read_rendezvous(self, peer: int, request: _In, address: int) -> None:
+        """Copy (or reduce) a rendezvous message straight out of the sender's memory."""
+        try:
+            self._read_from(peer, request, address)
+        except (ProcessLookupError, TransportError) as error:
+            if not isinstance(error, ProcessLookupError):
+                time.sleep(0.05)             # a dying process may not look dead for a moment
+                if _alive(self.pids[peer]):
+                    raise
+            raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
+                                   f"reading its {request.nbytes} B message") from error
+
+    def _read_from(self, peer: int, request: _In, address: int) -> None:
+        if request.reducer is None:
+            cma.read(self.pids[peer], address, request.data)
+        else:
+            dtype, piece = request.buf.dtype, self.piece
+            for start in range(0, request.nbytes, REDUCE_PIECE_BYTES):
+                n = min(REDUCE_PIECE_BYTES, request.nbytes - start)
+                cma.read(self.pids[peer], address + start, piece[:n])
+                request.reducer(request.data[start:start + n].view(dtype), piece[:n].view(dtype))
+        request.pos = request.nbytes
 
     def _pull(self, peer: int) -> bool:
         """Consume the chunks that `peer` has published, into matching receives."""
@@ -220,6 +293,18 @@ class ShmTransport(Transport):
                 if request is None:
                     break                  # nobody wants it yet: leave it in the FIFO
                 self.current[peer] = request
+            if n == RENDEZVOUS_CHUNK and self.cma and request.pos == 0 and message_bytes == request.nbytes:
+                self._read_rendezvous(peer, request, offset)
+                tail += 1
+                fifo.control[8] = tail
+                self.acks_given[peer] += 1
+                fifo.control[16] = self.acks_given[peer]   # the sender's buffer is free again
+                request.done = True
+                self.current[peer] = None
+                moved = True
+                if request.stash:
+                    self._serve_stash(peer)
+                continue
             if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
                     or message_bytes != request.nbytes or tag != request.tag):
                 raise CollectiveMismatch(
@@ -325,11 +410,15 @@ class ShmTransport(Transport):
                            f"from a peer while waiting", dead)
         for request in requests:
             if not request.done and not _alive(self.pids[request.peer]):
-                for word in self.abort_words:
-                    if not word[1]:
-                        word[1] = request.peer + 1
-                raise PeerLost(f"rank {request.peer} (pid {self.pids[request.peer]}) has died; rank "
-                               f"{self.rank} was waiting for its {request!r}", request.peer)
+                raise self._lost(request.peer, f"rank {request.peer} (pid {self.pids[request.peer]}) has "
+                                               f"died; rank {self.rank} was waiting for its {request!r}")
+
+    def _lost(self, peer: int, message: str) -> PeerLost:
+        """Record `peer`'s death in every peer's header page (if nobody has yet) and make the error."""
+        for word in self.abort_words:
+            if not word[1]:
+                word[1] = peer + 1
+        return PeerLost(message, peer)
 
     # -- groups and teardown ---------------------------------------------------------------------
 
