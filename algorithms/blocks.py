@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from . import faults
+
 
 def bounds(count: int, parts: int) -> list[int]:
     """Start offsets of `parts` near-equal blocks of `count` elements, plus the end: len parts + 1."""
-    return [count * i // parts for i in range(parts + 1)]
+    starts = [count * i // parts for i in range(parts + 1)]
+    if faults.ACTIVE and "block_boundary" in faults.ACTIVE and count > parts:
+        starts[-1] -= 1   # planted fault: the last block loses its last element
+    return starts
 
 
 def offsets(counts: list[int]) -> list[int]:

@@ -6,6 +6,7 @@ import numpy as np
 
 from transports.base import Channel
 
+from . import faults
 from .blocks import bounds
 from .ops import Op
 from .reduce_scatter import ring_reduce_scatter_phase
@@ -29,13 +30,20 @@ def binomial(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
             break
         if rank + mask < size:
             # fold in the range [rank + mask, rank + 2 mask), which comes after mine in rank order
-            channel.wait(channel.recv_reduce(buf, rank + mask, op.into_left))
+            fold = op.into_left
+            if faults.ACTIVE and "odd_skip_reduction" in faults.ACTIVE and rank + mask == size - 1:
+                fold = _discard if size % 2 else fold   # planted fault: the last odd rank not folded in
+            channel.wait(channel.recv_reduce(buf, rank + mask, fold))
         mask <<= 1
     if root != 0:
         if rank == 0:
             channel.wait(channel.send(buf, root))
         elif rank == root:
             channel.wait(channel.recv(buf, 0))
+
+
+def _discard(accumulator: np.ndarray, incoming: np.ndarray) -> None:
+    """A reducer that drops what arrives (only the `odd_skip_reduction` planted fault uses it)."""
 
 
 @register("reduce", "direct", "every rank sends to the root, which folds them in rank order")

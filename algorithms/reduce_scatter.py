@@ -6,6 +6,7 @@ import numpy as np
 
 from transports.base import Channel
 
+from . import faults
 from .blocks import bounds
 from .ops import Op
 from .registry import register
@@ -24,8 +25,11 @@ def ring_reduce_scatter_phase(channel: Channel, buf: np.ndarray, starts: list[in
         recv_block = (rank - step - 2) % size
         outgoing = buf[starts[send_block]:starts[send_block + 1]]
         incoming = buf[starts[recv_block]:starts[recv_block + 1]]
+        source = left
+        if faults.ACTIVE and "ring_wrong_peer" in faults.ACTIVE and size >= 3 and step == 0:
+            source = (rank - 2) % size   # planted fault: the wrong peer in the first step
         # send my partial of one block to the right; fold the left's partial of the next into mine
-        channel.wait(channel.send(outgoing, right), channel.recv_reduce(incoming, left, op.into_left))
+        channel.wait(channel.send(outgoing, right), channel.recv_reduce(incoming, source, op.into_left))
 
 
 @register("reduce_scatter", "ring", "n-1 steps around the ring; each rank sends (n-1)/n of the buffer",
