@@ -62,8 +62,21 @@ def tune_command(args: argparse.Namespace) -> int:
     return launch(["-m", "colls.tune"], 2, transport=args.transport, timeout=300)
 
 
-# Only implemented subcommands appear here (bench, fuzz, train, plan join as they land).
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune)
+def add_fuzz(subparsers: argparse._SubParsersAction) -> None:
+    """`colls fuzz [--transport T] [--ranks 2-8] [--seconds N | --programs N] [--replay SEED] ...`."""
+    from .fuzz.cli import add_arguments, fuzz_command
+
+    parser = subparsers.add_parser(
+        "fuzz", help="run random collective programs on real ranks, checked against numpy",
+        description="Draw random collective programs (hypothesis), run them on real ranks, check every "
+                    "result against a numpy oracle and across ranks; shrink a failure to a minimal "
+                    "program, printed as a Python snippet and a seed that --replay reruns exactly.")
+    add_arguments(parser)
+    parser.set_defaults(handler=fuzz_command, parser=parser)
+
+
+# Only implemented subcommands appear here (bench, train, plan join as they land).
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz)
 
 
 def build_parser() -> argparse.ArgumentParser:

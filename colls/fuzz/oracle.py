@@ -23,6 +23,10 @@ MATRIX = np.dtype([("m", np.int64, (2, 2))])
 DTYPES = ("int32", "float32", "int8", "uint8", "int64", "uint64", "float16", "float64",
           "complex64", "complex128", "bool", "matrix")
 SENTINEL_BYTE = 0xA5   # what a preallocated `out` holds before the call
+# Inputs longer than this repeat with this period: drawing every element of every rank's MiBs on
+# every rank would cost more than the collective. The period is prime, so no block, chunk or pipeline
+# piece (all powers of two or near-equal splits) lines up with it and a misplaced one still shows.
+PERIOD = 65521
 
 
 def matmul(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -64,7 +68,8 @@ def make_input(seed: int, step: int, rank: int, rows: int, dtype: str, tail: Seq
     """Rank `rank`'s input of shape (rows, *tail) for step `step` of the program with `seed`."""
     dt = dtype_of(dtype)
     shape = (rows, *tail)
-    n = int(np.prod(shape, dtype=np.int64))
+    total = int(np.prod(shape, dtype=np.int64))
+    n = min(total, PERIOD)
     rng = np.random.default_rng([seed, step, rank, 1])
     if dtype == "matrix":
         values = np.empty(n, MATRIX)
@@ -79,7 +84,9 @@ def make_input(seed: int, step: int, rank: int, rows: int, dtype: str, tail: Seq
     elif dt.kind in "iu":
         values = rng.integers(-7 if dt.kind == "i" else 0, 8 if dt.kind == "i" else 16, n).astype(dt)
     elif op == "PROD":
-        choices = np.array([1, -1, 1j, -1j] if dt.kind == "c" else
+        # powers of two, and for complex a unit times 1+2i, whose powers never have a zero part: a
+        # zero part could come out as -0.0 or +0.0 depending on the order of evaluation
+        choices = np.array([1 + 2j, -1 - 2j, -2 + 1j, 2 - 1j] if dt.kind == "c" else
                            [1, -1, 0.5, -0.5] if dt.itemsize == 2 else [1, -1, 0.5, -0.5, 2, -2])
         values = rng.choice(choices, n).astype(dt)
     else:
@@ -90,7 +97,8 @@ def make_input(seed: int, step: int, rank: int, rows: int, dtype: str, tail: Seq
         values = rng.integers(-bound, bound + 1, n).astype(dt)
         if dt.kind == "c":
             values = values + 1j * rng.integers(-bound, bound + 1, n).astype(dt)
-    return values.astype(dt, copy=False).reshape(shape)
+    values = values.astype(dt, copy=False)
+    return (np.resize(values, total) if total > n else values).reshape(shape)
 
 
 def v_rows(seed: int, step: int, rank: int, rows: int) -> int:
@@ -144,14 +152,28 @@ def send_counts(seed: int, step: int, xs: Sequence[np.ndarray]) -> list[list[int
 
 # -- expected results ------------------------------------------------------------------------------
 
+_reductions: list[tuple[tuple[np.ndarray, ...], str, np.ndarray]] = []   # the last few, newest last
+
+
 def reduced(xs: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """The reduction of `xs` in rank order (rank 0's operand leftmost), in their dtype."""
+    """The reduction of `xs` in rank order (rank 0's operand leftmost), in their dtype (read-only)."""
+    with _cache_lock:   # thread ranks of one group ask for the same one: compute it once
+        for known, known_op, result in _reductions:
+            if known_op == op and len(known) == len(xs) and all(map(_same_object, known, xs)):
+                return result
+    result = _reduce(xs, op)
+    result.setflags(write=False)
     with _cache_lock:
-        return _reduced(tuple(xs), op)
+        _reductions.append((tuple(xs), op, result))
+        del _reductions[:-4]
+    return result
 
 
-@lru_cache(maxsize=4)
-def _reduced(xs: tuple[np.ndarray, ...], op: str) -> np.ndarray:
+def _same_object(a: object, b: object) -> bool:
+    return a is b
+
+
+def _reduce(xs: Sequence[np.ndarray], op: str) -> np.ndarray:
     dt, size = xs[0].dtype, len(xs)
     if op == "MATMUL":
         result = xs[0].copy()
@@ -160,7 +182,7 @@ def _reduced(xs: tuple[np.ndarray, ...], op: str) -> np.ndarray:
     elif op == "AVG" and dt.kind in "iu":
         total = np.zeros(xs[0].shape, np.int64)
         for x in xs:
-            total += x
+            total += x.astype(np.int64)
         quotient = np.abs(total) // size
         result = np.where(total < 0, -quotient, quotient).astype(dt)   # C division: toward zero
     elif op == "AVG":
@@ -173,7 +195,6 @@ def _reduced(xs: tuple[np.ndarray, ...], op: str) -> np.ndarray:
         result = xs[0].copy()
         for x in xs[1:]:
             _UFUNCS[op](result, x, out=result)
-    result.setflags(write=False)
     return result
 
 
@@ -215,7 +236,7 @@ def same_everywhere(collective: str) -> bool:
 def sentinel_like(want: np.ndarray) -> np.ndarray:
     """An `out` array of `want`'s shape and dtype holding bytes no correct result holds."""
     out = np.empty(want.shape, want.dtype)
-    out.view(np.uint8).reshape(-1).fill(SENTINEL_BYTE) if out.nbytes else None
+    out.reshape(-1).view(np.uint8).fill(SENTINEL_BYTE)
     return out
 
 
@@ -244,9 +265,23 @@ def difference(got: object, want: object) -> str | None:
             f"got {flat_got[first]!r}, expected {flat_want[first]!r}")
 
 
-def check(got: object, want: object, what: str = "result") -> None:
-    """Raise AssertionError unless `got` is bitwise `want`."""
+def call_problem(got: object, want: object, given: np.ndarray | None = None,
+                 original: np.ndarray | None = None, out: np.ndarray | None = None) -> str | None:
+    """What is wrong with one call, or None: its result must be bitwise `want`, be the `out` it was
+    given (if any), and leave its input `given` as `original` (unless it worked in place)."""
     problem = difference(got, want)
+    if problem is None and out is not None and want is not None and got is not out:
+        problem = "returned a new array instead of the `out` it was given"
+    if problem is None and given is not None and original is not None and given is not out \
+            and difference(given, original) is not None:
+        problem = "modified its input"
+    return problem
+
+
+def verify(what: str, got: object, want: object, given: np.ndarray | None = None,
+           original: np.ndarray | None = None, out: np.ndarray | None = None) -> None:
+    """Raise AssertionError naming `what` if `call_problem` finds anything."""
+    problem = call_problem(got, want, given, original, out)
     if problem:
         raise AssertionError(f"{what}: {problem}")
 

@@ -1,0 +1,216 @@
+"""One rank's part of a program: issue every step on real communicators, check each result.
+
+A wrong result is recorded and the rank goes on (every rank still makes the same calls, so the
+program stays in step); an exception ends this rank's run, since its peers may now wait forever.
+Every call's timeout is what is left of the program's deadline, so a hang becomes a
+`CollectiveTimeout` naming the call. The report is plain data, so it can cross a pipe or MPI.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+from transports.errors import CollectiveTimeout, PeerLost
+
+from ..communicator import Communicator
+from .oracle import OPS, call_problem, digest, expected, inputs, same_everywhere, send_counts, sentinel_like
+from .program import Program, Step, split_colors, split_groups
+
+MAX_FAILURES = 8   # per rank and program: the first ones say it all
+
+
+class _Abort(Exception):
+    """This rank cannot go on with the program."""
+
+
+class _Member:
+    """A communicator of the program as this rank sees it, with its members as program ranks."""
+
+    def __init__(self, comm: Communicator | None, members: list[int] | None, owned: bool) -> None:
+        self.comm = comm
+        self.members = members
+        self.owned = owned   # made by the program, so closed at its end
+
+
+class RankRun:
+    """The state of one rank running one program."""
+
+    def __init__(self, program: Program, rank: int, deadline_s: float) -> None:
+        self.program = program
+        self.rank = rank
+        self.end = time.monotonic() + deadline_s
+        self.deadline_s = deadline_s
+        self.failures: list[dict[str, Any]] = []
+        self.digests: dict[str, str] = {}
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+        self.pending: list[tuple[int, int, Any, Any]] = []   # (wait key, step, work, finish)
+        self.aborted = False
+        self.current = -1
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def fail(self, index: int, kind: str, message: str, detail: str = "") -> None:
+        """Record one failure of step `index` on this rank."""
+        if len(self.failures) < MAX_FAILURES:
+            step = self.program.steps[index] if 0 <= index < len(self.program.steps) else None
+            self.failures.append({"rank": self.rank, "step": index, "kind": kind, "message": message,
+                                  "label": step.label() if step else "", "detail": detail})
+
+    def remaining(self, index: int) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            self.fail(index, "timeout", f"the program's deadline of {self.deadline_s:g} s passed")
+            raise _Abort
+        return left
+
+    def report(self) -> dict[str, Any]:
+        """What this rank did, as plain data."""
+        return {"rank": self.rank, "failures": self.failures, "aborted": self.aborted,
+                "digests": self.digests, "calls": self.calls, "bytes": self.bytes}
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, base: Communicator | None) -> dict[str, Any]:
+        """Run every step with `base` as the program's group (None: this rank sits the program out)."""
+        members = list(range(self.program.size)) if base is not None else None
+        comms = [_Member(base, members, owned=False)]
+        try:
+            for index, step in enumerate(self.program.steps):
+                self.current = index
+                if step.kind == "split":
+                    comms.append(self.split(index, step, comms[step.comm]))
+                elif step.kind == "wait":
+                    self.finish_pending()
+                elif comms[step.comm].comm is not None:
+                    self.collective(index, step, comms[step.comm])
+            self.current = len(self.program.steps)
+            self.finish_pending()
+            for member in reversed(comms):
+                if member.owned and member.comm is not None:
+                    member.comm.close()
+        except _Abort:
+            self.aborted = True
+        except BaseException as error:   # anything else is a crash of this rank at the current step
+            self.aborted = True
+            self.record_error(self.current, error)
+        if self.aborted:
+            self.errors_of_pending()
+        return self.report()
+
+    def errors_of_pending(self) -> None:
+        """Record the errors of async calls that had already failed when the run stopped: an async
+        call that hung is the cause of whatever timed out after it."""
+        for _, index, work, _ in self.pending:
+            if hasattr(work, "is_completed") and work.is_completed():
+                try:
+                    work.wait(0)
+                except BaseException as error:
+                    self.record_error(index, error)
+
+    def record_error(self, index: int, error: BaseException) -> None:
+        if isinstance(error, (CollectiveTimeout, TimeoutError)):
+            kind = "timeout"
+        elif isinstance(error, PeerLost):
+            kind = "peer lost"
+        else:
+            kind = "crash"
+        detail = "" if kind != "crash" else "".join(traceback.format_exception(error)[-6:])
+        self.fail(index, kind, f"{type(error).__name__}: {error}".splitlines()[0][:400], detail)
+
+    def split(self, index: int, step: Step, parent: _Member) -> _Member:
+        comm, members = parent.comm, parent.members
+        if comm is None or members is None:
+            return _Member(None, None, owned=False)
+        color, key = split_colors(step.coloring, step.reverse, comm.size)[comm.rank]
+        comm.timeout = self.remaining(index)
+        try:
+            child = comm.split(color, key)
+        except BaseException as error:
+            self.record_error(index, error)
+            raise _Abort from None
+        self.count(step, 0)
+        group = split_groups(step.coloring, step.reverse, comm.size)[comm.rank]
+        if group is None:
+            if child is not None:
+                self.fail(index, "wrong result", f"split gave color {color} a communicator; expected None")
+            return _Member(None, None, owned=False)
+        if child is None or child.size != len(group) or child.rank != group.index(comm.rank):
+            got = "None" if child is None else f"rank {child.rank} of {child.size}"
+            self.fail(index, "wrong result", f"split gave {got}; expected rank {group.index(comm.rank)} "
+                                             f"of {len(group)}")
+            raise _Abort
+        return _Member(child, [members[p] for p in group], owned=True)
+
+    def collective(self, index: int, step: Step, member: _Member) -> None:
+        comm = member.comm
+        assert comm is not None and member.members is not None
+        kind, rank, seed = step.kind, comm.rank, self.program.seed
+        kwargs: dict[str, Any] = {"async_op": step.async_op, "timeout": self.remaining(index)}
+        if step.algorithm is not None:
+            kwargs["algorithm"] = step.algorithm
+        if kind == "barrier":
+            result = comm.barrier(**kwargs)
+            self.later(index, step, result, lambda got: self.count(step, 0))
+            return
+        xs = inputs(seed, index, comm.size, kind, step.rows, step.dtype, step.tail, step.op)
+        root = step.root % comm.size
+        counts = send_counts(seed, index, xs) if kind == "all_to_all_v" else None
+        want = expected(kind, xs, rank, step.op, root, counts)
+        x = xs[rank].copy()
+        out = None
+        if step.mode == "out" and want is not None:
+            out = sentinel_like(want)
+        elif step.mode == "inplace":
+            if kind == "broadcast" and rank != root:
+                x = sentinel_like(x)   # a receiver's bytes must all be replaced
+            out = x
+        op = OPS[step.op] if step.op else None
+        if kind in ("all_reduce", "reduce_scatter"):
+            result = getattr(comm, kind)(x, op=op, out=out, **kwargs)
+        elif kind == "reduce":
+            result = comm.reduce(x, root=root, op=op, out=out, **kwargs)
+        elif kind in ("broadcast", "gather"):
+            result = getattr(comm, kind)(x, root=root, out=out, **kwargs)
+        elif kind == "scatter":
+            given = None if step.mode == "out" and rank != root else x   # receivers may give out only
+            result = comm.scatter(given, root=root, out=out, **kwargs)
+        elif kind == "all_to_all_v":
+            result = comm.all_to_all_v(x, counts[rank], **kwargs)
+        else:
+            result = getattr(comm, kind)(x, out=out, **kwargs)
+
+        def finish(got: Any) -> None:
+            problem = call_problem(got, want, x, xs[rank], out)
+            if problem:
+                self.fail(index, "wrong result", f"{kind} on group rank {rank} of {comm.size}: {problem}")
+            if same_everywhere(kind):
+                self.digests[f"{index}/{min(member.members)}"] = digest(got)
+            self.count(step, got[0].nbytes if isinstance(got, tuple) else getattr(got, "nbytes", 0))
+
+        self.later(index, step, result, finish)
+
+    def later(self, index: int, step: Step, result: Any, finish: Any) -> None:
+        """Check a blocking call's result now, an async one's when it is waited for."""
+        if step.async_op:
+            self.pending.append((step.wait, index, result, finish))
+        else:
+            finish(result)
+
+    def finish_pending(self) -> None:
+        """Wait for the pending async calls in (wait key, step) order and check their results."""
+        pending, self.pending = sorted(self.pending, key=lambda p: (p[0], p[1])), []
+        for _, index, work, finish in pending:
+            self.current = index
+            finish(work.wait(self.remaining(index) + 1.0))
+
+    def count(self, step: Step, nbytes: int) -> None:
+        self.calls[step.kind] = self.calls.get(step.kind, 0) + 1
+        self.bytes[step.kind] = self.bytes.get(step.kind, 0) + int(nbytes)
+
+
+def run_on_rank(base: Communicator | None, program: Program, rank: int, deadline_s: float) -> dict[str, Any]:
+    """Run `program` as program rank `rank` over `base` (None: sit it out); returns the report."""
+    return RankRun(program, rank, deadline_s).run(base)
