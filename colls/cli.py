@@ -75,8 +75,22 @@ def add_fuzz(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=fuzz_command, parser=parser)
 
 
+def add_train(subparsers: argparse._SubParsersAction) -> None:
+    """`colls train --strategy ps|ddp|zero1|zero2|zero3 -n N [--transport T] [--steps S] [--check-serial]`."""
+    from .parallel.train import add_arguments, train_command
+
+    parser = subparsers.add_parser(
+        "train", help="train the reference model with a parallel strategy and report volume and memory",
+        description="Train the small reference model with one strategy on N ranks; print per-step loss, "
+                    "time, measured bytes per rank beside the formula, bytes held per rank beside the "
+                    "ZeRO formulas, and with --check-serial the largest difference from serial training.")
+    add_arguments(parser)
+    parser.set_defaults(handler=train_command, parser=parser)
+
+
 # Only implemented subcommands appear here (bench, train, plan join as they land).
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz,
+                                                                         add_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
