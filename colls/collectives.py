@@ -93,8 +93,10 @@ class Collectives:
         shape = (self.size * x.shape[0], *x.shape[1:])
         result, work = _result_buffer(check.output("all_gather", out, shape, x.dtype), shape, x.dtype)
 
+        send = _apart_from(x, work)
+
         def body(channel):
-            algo.run(channel, x.reshape(-1), work.reshape(-1))
+            algo.run(channel, send.reshape(-1), work.reshape(-1))
             return _deliver(result, work)
 
         return self._run("all_gather", algo.name, x, body, async_op, timeout)
@@ -128,9 +130,10 @@ class Collectives:
         check.divisible("all_to_all", x)
         algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
         result, work = _result_buffer(check.output("all_to_all", out, x.shape, x.dtype), x.shape, x.dtype)
+        send = _apart_from(x, work)
 
         def body(channel):
-            algo.run(channel, x.reshape(-1), work.reshape(-1))
+            algo.run(channel, send.reshape(-1), work.reshape(-1))
             return _deliver(result, work)
 
         return self._run("all_to_all", algo.name, x, body, async_op, timeout)
@@ -218,6 +221,11 @@ def _result_buffer(given: np.ndarray | None, shape: tuple[int, ...],
     if given.flags.c_contiguous:
         return given, given
     return given, np.empty(shape, dtype)   # strided out: work contiguously, copy back at the end
+
+
+def _apart_from(x: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """`x`, or a copy of it when the output overlaps it (in place): blocks are read after others land."""
+    return x.copy() if np.may_share_memory(x, work) else x
 
 
 def _deliver(result: np.ndarray | None, work: np.ndarray) -> np.ndarray:

@@ -1,0 +1,40 @@
+"""Bugs found by `colls fuzz` while the library was built, each kept as a test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import colls
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5])
+@pytest.mark.parametrize("algorithm", colls.algorithms("all_to_all"))
+def test_all_to_all_in_place(size, algorithm):
+    """out=x used to read blocks that had already been overwritten by arriving ones."""
+
+    def body(comm):
+        x = (np.arange(comm.size * 3, dtype=np.int32) + 100 * comm.rank).reshape(comm.size, 3)
+        y = comm.all_to_all(x, out=x, algorithm=algorithm)
+        return y is x, x.copy()
+
+    for rank, (same, got) in enumerate(colls.spawn(body, size, transport="local")):
+        assert same
+        want = np.stack([np.arange(3, dtype=np.int32) + 3 * rank + 100 * src for src in range(size)])
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("algorithm", colls.algorithms("all_gather"))
+def test_all_gather_from_a_block_of_out(size, algorithm):
+    """MPI_IN_PLACE style: the input is this rank's block of the output."""
+
+    def body(comm):
+        out = np.zeros((comm.size, 2), np.int64)
+        out[comm.rank] = [comm.rank, -comm.rank]
+        comm.all_gather(out[comm.rank:comm.rank + 1], out=out, algorithm=algorithm)
+        return out
+
+    want = np.array([[r, -r] for r in range(size)])
+    for got in colls.spawn(body, size, transport="local"):
+        assert np.array_equal(got, want)
