@@ -3,8 +3,8 @@
 - `local`: a fresh `LocalWorld` of threads per program (cheap; nothing carries over).
 - `shm`: one long-lived set of forked processes (`colls.spawn`) that take programs from pipes, so a
   program costs no fork or segment setup; after any failure the set is killed and started afresh.
-- `mpi`: the ranks of `mpiexec`; rank 0 runs the fuzzer and broadcasts each program over a
-  duplicate of MPI_COMM_WORLD that colls never touches, so a broken collective cannot garble it.
+- `mpi`: the ranks of `mpiexec`; rank 0 runs the fuzzer and sends each program to the others over
+  a duplicate of MPI_COMM_WORLD that colls never touches, so a broken collective cannot garble it.
 
 A program on n ranks runs over a sub-communicator of the first n (made once per n by `split`).
 Only the control plane (programs out, reports back) bypasses colls; every checked byte goes through it.
@@ -27,6 +27,7 @@ from .program import Program
 SLACK_S = 5.0          # beyond the program deadline before a silent rank counts as hung
 ABORT_GRACE_S = 0.3    # after one rank aborts, how long to wait for the others' reports
 START_TIMEOUT_S = 60.0
+PROGRAM_TAG, REPORT_TAG = 1, 2   # on the mpi control communicator
 
 
 class Worker:
@@ -117,7 +118,6 @@ class ShmGroup:
         self.pids: list[int] = []
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.restarts = -1
 
     def start(self) -> None:
         """Fork the ranks and wait until each has said hello."""
@@ -140,7 +140,6 @@ class ShmGroup:
             if not pipe.poll(START_TIMEOUT_S):
                 raise RuntimeError(f"shm rank {rank} did not start in {START_TIMEOUT_S:g} s: {self.error}")
             self.pids.append(pipe.recv()[1])
-        self.restarts += 1
 
     def stop(self, kill: bool = False) -> None:
         """End the ranks (politely unless `kill`) and wait until spawn has cleaned up."""
@@ -170,6 +169,7 @@ class ShmGroup:
         reports: list[dict[str, Any] | None] = [None] * self.max_ranks
         end = time.monotonic() + deadline_s + SLACK_S
         waiting = set(range(self.max_ranks))
+        next_liveness = time.monotonic() + 0.1
         while waiting and time.monotonic() < end:
             for rank in list(waiting):
                 if self.pipes[rank].poll(0.001 if len(waiting) > 1 else 0.01):
@@ -177,6 +177,12 @@ class ShmGroup:
                     waiting.discard(rank)
                     if reports[rank].get("aborted"):
                         end = min(end, time.monotonic() + ABORT_GRACE_S)
+            if time.monotonic() > next_liveness:
+                next_liveness = time.monotonic() + 0.1
+                for rank in [r for r in waiting if not _alive(self.pids[r])]:
+                    reports[rank] = died(rank)   # no report will come: say so, not "hang"
+                    waiting.discard(rank)
+                    end = min(end, time.monotonic() + ABORT_GRACE_S)
         if waiting or any(r is not None and r.get("aborted") for r in reports):
             self.stop(kill=True)   # its state is suspect: start afresh for the next program
         return reports[:program.size]
@@ -184,6 +190,22 @@ class ShmGroup:
     def close(self) -> None:
         """Stop the ranks."""
         self.stop()
+
+
+def died(rank: int) -> dict[str, Any]:
+    """The report of a rank whose process ended in the middle of a program."""
+    failure = {"rank": rank, "step": -1, "kind": "crash", "label": "", "detail": "",
+               "message": "its process died in the middle of the program"}
+    return {"rank": rank, "failures": [failure], "aborted": True}
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 class MpiGroup:
@@ -215,11 +237,30 @@ class MpiGroup:
         self.fresh = fresh
         return self.worker.run(program_json, deadline_s)
 
+    def _send_all(self, message: object) -> None:
+        for rank in range(1, self.max_ranks):
+            self.control.send(message, dest=rank, tag=PROGRAM_TAG)
+
+    def _await(self, source: int, tag: int, deadline: float | None = None) -> Any:
+        """Receive one control message, sleeping between probes: MPI's blocking calls spin, and a
+        spinning idle rank takes a core from the ranks that run the program."""
+        pause = 1e-5
+        while not self.control.Iprobe(source=source, tag=tag):
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"colls fuzz: mpi rank {source} sent no report within its program's "
+                                   f"deadline and slack; it is stuck beyond any colls timeout, so the "
+                                   f"job cannot go on (the last program hung)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        return self.control.recv(source=source, tag=tag)
+
     def run(self, program: Program, deadline_s: float) -> list[dict[str, Any] | None]:
-        """Rank 0: run `program` on every rank and gather the reports."""
+        """Rank 0: run `program` on every rank and collect the reports."""
         message = (program.to_json(), deadline_s, self.fresh)
-        self.control.bcast(message, root=0)
-        reports = self.control.gather(self._one(message), root=0)
+        self._send_all(message)
+        reports = [self._one(message)]
+        end = time.monotonic() + deadline_s + SLACK_S
+        reports += [self._await(rank, REPORT_TAG, end) for rank in range(1, self.max_ranks)]
         self.fresh = any(r.get("aborted") for r in reports)
         return reports[:program.size]
 
@@ -231,16 +272,16 @@ class MpiGroup:
     def serve(self) -> None:
         """Every other rank: run what rank 0 sends until it says stop."""
         while True:
-            message = self.control.bcast(None, root=0)
+            message = self._await(0, PROGRAM_TAG)
             if not isinstance(message, tuple):
                 self._closing(bool(message))
                 return
-            self.control.gather(self._one(message), root=0)
+            self.control.send(self._one(message), dest=0, tag=REPORT_TAG)
 
     def close(self) -> None:
         """Rank 0: release the other ranks, then every rank's communicators."""
         if self.rank == 0:
-            self.control.bcast(self.fresh, root=0)   # a bool, not a program: stop
+            self._send_all(self.fresh)   # a bool, not a program: stop
             self._closing(self.fresh)
 
 

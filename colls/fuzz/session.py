@@ -207,6 +207,7 @@ class Session:
                             report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)(test)
             test = seeded(self.seed * 1_000_003 + batch)(test)
             batch += 1
+            before = self.stats.programs
             try:
                 test()
             except ProgramFailed as failure:
@@ -215,6 +216,8 @@ class Session:
                 if self.smallest is None:
                     raise
                 return self._found(*self.smallest, flaky=True)   # it did not fail again when rerun
+            if self.stats.programs == before:
+                break   # hypothesis has nothing new to draw in so small a space
         return None
 
     def _found(self, program: Program, verdict: Verdict, flaky: bool) -> Found:
