@@ -88,9 +88,23 @@ def add_train(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=train_command, parser=parser)
 
 
+def add_bench(subparsers: argparse._SubParsersAction) -> None:
+    """`colls bench [-n 2] [--transport T] [-c LIST] [-b 8] [-e 256M] [-f 2] [--json F] [--plot F.png]`."""
+    from .bench.cli import add_arguments, bench_command
+
+    parser = subparsers.add_parser(
+        "bench", help="time collectives nccl-tests style, beside MPI's and Gloo's on the same ranks",
+        description="Start N ranks under mpiexec and time colls' collectives over a range of sizes, "
+                    "and on the same ranks and buffers MPI's native collectives (mpi4py) and "
+                    "torch.distributed with Gloo (when torch is installed); print time, algbw, busbw, "
+                    "#wrong and colls/baseline ratios per size, with a memcpy roofline.")
+    add_arguments(parser)
+    parser.set_defaults(handler=bench_command, parser=parser)
+
+
 # Only implemented subcommands appear here (bench, train, plan join as they land).
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz,
-                                                                         add_train)
+                                                                         add_train, add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,328 @@
+"""The ranks' side of `colls bench`: `mpiexec -n N python -m colls.bench.runner SPEC.json`.
+
+Every rank runs the same loop: for each collective and size it allocates one input and one output,
+then times colls, MPI's native collective and Gloo's on those same buffers, one after the other.
+Each timed call starts after a barrier; the time of an iteration is the slowest rank's (a MAX
+all-reduce of the per-iteration times at the end, outside the timed region). Rank 0 prints a row as
+soon as a size is done and appends its record to the spec's records file for the parent.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .baselines import Gloo, MpiNative, Prepared
+from .cases import Case, make_case
+from .report import Table, memcheck_table
+from .spec import ROOT, Spec, bus_factor
+
+ROUNDS = 3   # the timed calls of the implementations alternate in this many rounds
+
+
+class Colls:
+    """The library under test: a Communicator over shm (MPI only swaps segment names) or mpi."""
+
+    name = "colls"
+
+    def __init__(self, world, transport: str, algorithm: str | None) -> None:
+        from colls.communicator import Communicator
+
+        if transport == "shm":
+            from transports.shm import ShmTransport
+
+            self.comm = Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather))
+        else:
+            from transports.mpi import MpiTransport
+
+            self.comm = Communicator(MpiTransport(world))
+        self.label = f"colls {transport}"
+        self.algorithm = algorithm
+
+    def algorithm_for(self, case: Case) -> str:
+        """The algorithm that runs: the forced one, else the selector's choice for this size."""
+        from colls import explain
+
+        return self.algorithm or explain(case.collective, case.nbytes, self.comm).chosen
+
+    def prepare(self, case: Case) -> Prepared:
+        """The colls call for `case`, writing into the case's output."""
+        comm, x, out, algorithm = self.comm, case.x, case.out, self.algorithm
+        op, kind = case.op, case.collective
+        if kind == "all_reduce":
+            return Prepared(lambda: comm.all_reduce(x, op=op, out=out, algorithm=algorithm), out)
+        if kind == "broadcast":
+            return Prepared(lambda: comm.broadcast(x, root=ROOT, out=out, algorithm=algorithm), out)
+        if kind == "reduce":
+            given = out if case.rank == ROOT else None
+            return Prepared(lambda: comm.reduce(x, root=ROOT, op=op, out=given, algorithm=algorithm), given)
+        if kind == "all_gather":
+            return Prepared(lambda: comm.all_gather(x, out=out, algorithm=algorithm), out)
+        if kind == "reduce_scatter":
+            return Prepared(lambda: comm.reduce_scatter(x, op=op, out=out, algorithm=algorithm), out)
+        if kind == "all_to_all":
+            return Prepared(lambda: comm.all_to_all(x, out=out, algorithm=algorithm), out)
+        raise ValueError(f"colls bench has no case for {kind}")
+
+    def close(self) -> None:
+        """Release the transport."""
+        self.comm.close()
+
+
+def timed(world, prepared: Prepared, iterations: int) -> np.ndarray:
+    """Per-iteration seconds of the slowest rank: barrier, time one call, MAX over ranks at the end."""
+    from mpi4py import MPI
+
+    call, before = prepared.call, prepared.before
+    times = np.empty(iterations)
+    for i in range(iterations):
+        if before is not None:
+            before()
+        world.Barrier()
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return times
+
+
+@dataclass
+class Contender:
+    """One implementation at one point: its prepared call and what was measured of it."""
+
+    name: str
+    prepared: Prepared
+    case: Case | None            # None: nothing to check (the memcpy roofline)
+    iterations: int = 0
+    wrong: int = 0
+    times: list[np.ndarray] = field(default_factory=list)
+
+    def check(self) -> None:
+        """Count this rank's wrong elements in the result as it stands."""
+        if self.case is not None:
+            self.wrong += self.case.wrong(self.prepared.result)
+
+    def figures(self, world, nbytes: int, factor: float) -> dict:
+        """Iterations, median and min time, algbw, busbw (GB/s) and wrong elements over all ranks."""
+        from mpi4py import MPI
+
+        times = np.concatenate(self.times)
+        median = float(np.median(times))
+        algbw = nbytes / median / 1e9 if median > 0 else 0.0
+        return {"iterations": self.iterations, "time_median_s": median, "time_min_s": float(times.min()),
+                "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+                "wrong": world.allreduce(self.wrong, op=MPI.SUM)}
+
+
+def measure(world, contenders: list[Contender], spec: Spec) -> None:
+    """Check, warm up and time every contender; the timed calls alternate between them in rounds,
+    so that a burst of load on a shared machine falls on all of them rather than on one."""
+    for contender in contenders:
+        prepared, case = contender.prepared, contender.case
+        if case is not None:   # a checked first call into a poisoned output
+            case.poison()
+            if prepared.before is not None:
+                prepared.before()
+            prepared.call()
+            contender.check()
+        warm = timed(world, prepared, max(1, spec.warmup))
+        if spec.iters is not None:
+            contender.iterations = spec.iters
+        else:   # as many as fit the budget: every rank computes the same from the same MAX times
+            fit = int(spec.budget_s / max(float(np.median(warm)), 1e-9))
+            contender.iterations = min(spec.max_iters, max(spec.min_iters, fit))
+    for round_index in range(ROUNDS):
+        for contender in contenders:
+            total = contender.iterations   # this round's share of them: the splits add up to total
+            share = total * (round_index + 1) // ROUNDS - total * round_index // ROUNDS
+            if share:
+                contender.times.append(timed(world, contender.prepared, share))
+    for contender in contenders:
+        contender.check()   # the buffer as the last timed call left it
+
+
+def memcpy_contender(nbytes: int) -> Contender:
+    """The roofline: every rank at once copying `nbytes` with np.copyto."""
+    source = np.ones(nbytes, np.uint8)
+    target = np.zeros(nbytes, np.uint8)
+    return Contender("memcpy", Prepared(lambda: np.copyto(target, source), None), None)
+
+
+def start_baselines(world, spec: Spec) -> tuple[list, dict[str, str]]:
+    """The baselines the spec names that can run here: (baselines, {label: why one is absent})."""
+    baselines: list = []
+    absent: dict[str, str] = {}
+    if "mpi" in spec.baselines:
+        baselines.append(MpiNative(world))
+    if "gloo" in spec.baselines:
+        reasons = world.allgather(Gloo.why_not())   # every rank must agree before joining a group
+        if any(reasons):
+            absent["Gloo"] = next(reason for reason in reasons if reason)
+        else:
+            baselines.append(Gloo(world))
+    return baselines, absent
+
+
+def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
+              rooflines: dict[int, dict]) -> dict:
+    """colls, each baseline and (once per size) memcpy on the same buffers: one record."""
+    factor = bus_factor(case.collective, case.ranks)
+    contenders = [Contender("colls", colls.prepare(case), case)]
+    absent = {}
+    for baseline in baselines:
+        reason = baseline.unsupported(case)
+        if reason is None:
+            contenders.append(Contender(baseline.name, baseline.prepare(case), case))
+        else:
+            absent[baseline.name] = {"unavailable": reason}
+    if case.nbytes not in rooflines:
+        contenders.append(memcpy_contender(case.nbytes))
+    measure(world, contenders, spec)
+    figures = {c.name: c.figures(world, case.nbytes, 1.0 if c.name == "memcpy" else factor)
+               for c in contenders}
+    if "memcpy" in figures:
+        roofline = figures.pop("memcpy")
+        roofline.pop("wrong")
+        rooflines[case.nbytes] = roofline
+    mine = figures.pop("colls")
+    for theirs in figures.values():   # colls busbw / baseline busbw = their time / ours
+        theirs["ratio"] = theirs["time_median_s"] / mine["time_median_s"] if mine["time_median_s"] else 0.0
+    return {"collective": case.collective, "implementation": "colls", "transport": spec.transport,
+            "algorithm": colls.algorithm_for(case), "ranks": case.ranks, "dtype": spec.dtype, "op": spec.op,
+            "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
+            "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes]}
+
+
+def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit) -> None:
+    """The benchmark proper: every collective at every size, rows printed by rank 0 as they finish."""
+    rank, ranks = world.Get_rank(), world.Get_size()
+    rooflines: dict[int, dict] = {}
+    for collective in spec.collectives:
+        if table is not None:
+            table.start(collective)
+        done: set[int] = set()
+        for size in spec.sizes:
+            case = make_case(collective, size, spec.op, spec.dtype, rank, ranks)
+            if case.nbytes in done:   # small sizes that round to the same buffer
+                continue
+            done.add(case.nbytes)
+            record = run_point(world, colls, baselines, case, spec, rooflines)
+            del case   # free this size's buffers before the next size allocates
+            if table is not None:
+                table.row(record)
+            emit(record)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size, from /proc/self/statm."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_memcheck(world, colls: Colls, spec: Spec, emit) -> None:
+    """`--memcheck`: resident memory before and after `memcheck_calls` back-to-back calls, per rank."""
+    from mpi4py import MPI
+
+    rank, ranks = world.Get_rank(), world.Get_size()
+    for collective in spec.collectives:
+        case = make_case(collective, spec.sizes[0], spec.op, spec.dtype, rank, ranks)
+        prepared = colls.prepare(case)
+        for _ in range(max(spec.warmup, 50)):   # let pools, caches and the allocator settle first
+            prepared.call()
+        wrong = case.wrong(prepared.result)
+        gc.collect()
+        world.Barrier()
+        before = resident_bytes()
+        start = time.perf_counter()
+        for _ in range(spec.memcheck_calls):
+            prepared.call()
+        seconds = time.perf_counter() - start
+        gc.collect()
+        after = resident_bytes()
+        wrong += case.wrong(prepared.result)
+        rows = world.gather((before, after), root=0)
+        wrong = world.allreduce(wrong, op=MPI.SUM)
+        seconds = world.allreduce(seconds, op=MPI.MAX)
+        if rank == 0:
+            record = {"mode": "memcheck", "collective": collective, "implementation": "colls",
+                      "transport": spec.transport, "algorithm": colls.algorithm_for(case), "ranks": ranks,
+                      "dtype": spec.dtype, "op": spec.op, "bytes": case.nbytes,
+                      "calls": spec.memcheck_calls, "seconds": seconds, "wrong": wrong,
+                      "rss_start_bytes": [r[0] for r in rows], "rss_end_bytes": [r[1] for r in rows],
+                      "growth_bytes": [r[1] - r[0] for r in rows]}
+            print(memcheck_table(record), flush=True)
+            emit(record)
+
+
+def versions(MPI, baselines: list) -> dict:
+    """What produced the figures: library versions and the machine, for the JSON file."""
+    import platform
+
+    import mpi4py
+
+    import colls
+
+    found = {"colls": colls.__version__, "python": platform.python_version(), "numpy": np.__version__,
+             "mpi4py": mpi4py.__version__, "mpi": MPI.Get_library_version().strip().splitlines()[0]}
+    for baseline in baselines:
+        if baseline.name == "gloo":
+            found["torch"] = baseline.torch.__version__
+    return {"mode": "meta", "versions": found,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "load_average_at_start": list(os.getloadavg())}}
+
+
+def run(spec: Spec, world, MPI) -> None:
+    """Set up colls and the baselines, run the spec, tear down (collectively: only on success)."""
+    colls = Colls(world, spec.transport, spec.algorithm)
+    baselines, absent = ([], {}) if spec.memcheck else start_baselines(world, spec)
+    records = open(spec.records_path, "a") if world.Get_rank() == 0 else None
+
+    def emit(record: dict) -> None:
+        if records is not None:
+            records.write(json.dumps(record) + "\n")
+            records.flush()
+
+    emit({**versions(MPI, baselines), "absent": absent})
+    if spec.memcheck:
+        run_memcheck(world, colls, spec, emit)
+    else:
+        table = None
+        if world.Get_rank() == 0:
+            table = Table(spec, world.Get_size(), [b.label for b in baselines], absent)
+            table.preamble()
+        run_sizes(world, colls, baselines, spec, table, emit)
+        if table is not None:
+            table.summary()
+    for baseline in baselines:
+        baseline.close()
+    colls.close()
+    if records is not None:
+        records.close()
+
+
+def main(argv: list[str]) -> int:
+    """Run the spec at argv[0] on this rank; any error aborts the whole job at once."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        run(Spec.load(argv[0]), world, MPI)
+    except BaseException:
+        # The peers are blocked in a collective that this rank will never enter, and a collective
+        # teardown would hang too: print why, then abort every rank (as `python -m mpi4py` does).
+        traceback.print_exc()
+        sys.stderr.flush()
+        world.Abort(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,178 @@
+"""`colls bench`: sizes and factors as nccl-tests define them, the exact check, and real runs under
+mpiexec at tiny sizes (every collective, both transports, the JSON file, a planted bug caught by
+#wrong, flat memory over 1000 all-reduces, the Gloo baseline where torch is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colls
+from colls.bench.cases import count_wrong, fill, make_case, pattern, reduced_pattern
+from colls.bench.spec import bus_factor, element_counts, format_bytes, parse_size, size_steps
+from colls.launcher import find_mpiexec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec (pip install 'colls[mpi]')")
+RECORD_FIELDS = {"collective", "implementation", "algorithm", "transport", "ranks", "dtype", "op", "bytes",
+                 "count_in", "count_out", "iterations", "time_median_s", "time_min_s", "algbw_GBps",
+                 "busbw_GBps", "wrong", "baselines", "memcpy"}
+BASELINE_FIELDS = {"iterations", "time_median_s", "time_min_s", "algbw_GBps", "busbw_GBps", "ratio", "wrong"}
+
+
+def colls_bench(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`colls bench args…` through `python -m colls.cli`, output captured as text."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
+    environment.pop("COLLS_FAULTS", None)
+    environment.update(env)
+    return subprocess.run([sys.executable, "-m", "colls.cli", "bench", *args], cwd=cwd, env=environment,
+                          capture_output=True, text=True, timeout=100)
+
+
+# -- without processes -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(10)
+def test_sizes_parse_and_step_like_nccl_tests():
+    assert [parse_size(text) for text in ("8", "1K", "64k", "256M", "1G", "2MiB", "3MB")] == \
+        [8, 1024, 65536, 256 << 20, 1 << 30, 2 << 20, 3 << 20]
+    assert size_steps(8, 64, 2) == [8, 16, 32, 64]
+    assert size_steps(1 << 20, 16 << 20, 4) == [1 << 20, 4 << 20, 16 << 20]
+    assert size_steps(0, 4, 2) == [0, 2, 4]
+    with pytest.raises(ValueError):
+        parse_size("12X")
+    with pytest.raises(ValueError):
+        size_steps(8, 64, 1)
+    assert format_bytes(64 << 20) == "64 MiB" and format_bytes(1020) == "1020 B"
+
+
+@pytest.mark.timeout(10)
+def test_bus_factors_and_counts_are_nccl_tests():
+    assert bus_factor("all_reduce", 4) == 1.5
+    for collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bus_factor(collective, 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
+    # the size is the larger per-rank buffer: all_gather's output, reduce_scatter's input
+    assert element_counts("all_gather", 4096, 4, "float32") == (256, 1024)
+    assert element_counts("reduce_scatter", 4096, 4, "float32") == (1024, 256)
+    assert element_counts("all_to_all", 1000, 3, "float32") == (249, 249)
+    assert element_counts("all_reduce", 8, 4, "float64") == (1, 1)
+    assert element_counts("all_gather", 8, 4, "float32") == (1, 4)   # at least one element per rank
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg", "bxor"])
+def test_check_is_exact_and_catches_one_wrong_element(op):
+    dtype = np.dtype("int64" if op == "bxor" else "float32")
+    ranks = 3
+    nbytes = 1000 * dtype.itemsize
+    buffers = [make_case("all_reduce", nbytes, op, dtype.name, r, ranks).x for r in range(ranks)]
+    ufunc = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+             "bxor": np.bitwise_xor}[op]
+    expected = buffers[0].copy()
+    for buffer in buffers[1:]:
+        expected = ufunc(expected, buffer)
+    if op == "avg":
+        expected = (expected / ranks).astype(dtype)
+    assert count_wrong(expected, reduced_pattern(op, ranks, dtype)) == 0
+    expected[777] += 1
+    assert count_wrong(expected, reduced_pattern(op, ranks, dtype)) == 1
+
+
+@pytest.mark.timeout(10)
+def test_block_placement_is_checked():
+    # all_to_all on rank 1 of 2: block j must be rank j's block 1; swapping two blocks is caught
+    case = make_case("all_to_all", 104 * 4, "sum", "float32", 1, 2)
+    block = case.block
+    for source in range(2):
+        fill(case.out[source * block:(source + 1) * block], pattern("sum", source, case.dtype), block)
+    assert case.wrong(case.out) == 0
+    case.out[:] = np.concatenate([case.out[block:], case.out[:block]])
+    assert case.wrong(case.out) > 0
+
+
+# -- real runs under mpiexec -------------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "mpi"])
+def test_every_collective_runs_right_and_writes_json(tmp_path, transport):
+    result = colls_bench("-n", "2", "--transport", transport, "-c", "all", "-b", "8", "-e", "512", "-f", "8",
+                         "-w", "1", "--iters", "3", "--baselines", "mpi", "--json", "out.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "# wrong elements: 0 OK" in result.stdout
+    for collective in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        assert f"# {collective}" in result.stdout
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["spec"]["ranks"] == 2 and data["versions"]["mpi4py"]
+    records = data["records"]
+    assert len(records) == 6 * 3   # 8 B, 64 B and 512 B for each collective
+    for record in records:
+        assert RECORD_FIELDS <= set(record), set(RECORD_FIELDS) - set(record)
+        assert record["transport"] == transport and record["ranks"] == 2 and record["wrong"] == 0
+        assert record["iterations"] == 3 and 0 < record["time_min_s"] <= record["time_median_s"]
+        assert record["busbw_GBps"] == pytest.approx(record["algbw_GBps"] *
+                                                     bus_factor(record["collective"], 2))
+        assert BASELINE_FIELDS <= set(record["baselines"]["mpi"])
+        assert record["baselines"]["mpi"]["wrong"] == 0
+        assert record["memcpy"]["algbw_GBps"] > 0
+        assert record["algorithm"] in colls.algorithms(record["collective"])
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_planted_bug_shows_in_wrong_and_the_exit_status(tmp_path):
+    result = colls_bench("-n", "3", "-c", "reduce", "--algorithm", "binomial", "-b", "1K", "-e", "1K",
+                         "-w", "1", "--iters", "2", "--no-baselines", cwd=tmp_path,
+                         COLLS_FAULTS="odd_skip_reduction")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAILED" in result.stdout and "some results were wrong" in result.stderr
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_memory_stays_flat_over_1000_all_reduces(tmp_path):
+    result = colls_bench("-n", "2", "--memcheck", "--memcheck-calls", "1000", "-b", "64K", "--json", "m.json",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (record,) = json.loads((tmp_path / "m.json").read_text())["records"]
+    assert record["mode"] == "memcheck" and record["calls"] == 1000 and record["wrong"] == 0
+    assert len(record["growth_bytes"]) == 2
+    assert max(record["growth_bytes"]) < 2 << 20, record
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (the optional bench extra)")
+def test_gloo_baseline_beside_colls(tmp_path):
+    result = colls_bench("-n", "2", "-c", "all_reduce,all_gather", "-b", "1K", "-e", "1K", "-w", "1",
+                         "--iters", "3", "--baselines", "gloo", "--json", "g.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Gloo us" in result.stdout
+    for record in json.loads((tmp_path / "g.json").read_text())["records"]:
+        gloo = record["baselines"]["gloo"]
+        assert BASELINE_FIELDS <= set(gloo) and gloo["wrong"] == 0 and gloo["ratio"] > 0
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
+def test_plot_is_a_png(tmp_path):
+    result = colls_bench("-n", "2", "-b", "8", "-e", "64", "-w", "1", "--iters", "2", "--baselines", "mpi",
+                         "--plot", "p.png", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
