@@ -1,0 +1,49 @@
+"""An mpi4py-compatible facade over colls: `from colls.compat import MPI`.
+
+Scripts written against mpi4py's buffer API (`comm.Allreduce(sendbuf, recvbuf, op=MPI.SUM)`) run on
+colls' transports and algorithms by changing that one import, or unchanged under
+`colls run --as-mpi4py -n 4 script.py` (see `colls.compat.run`). `spawn` runs a function that uses
+`MPI.COMM_WORLD` on ranks that are threads (`local`) or processes (`shm`).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+from . import MPI
+from .comm import bind
+
+__all__ = ["MPI", "bind", "install", "spawn"]
+
+
+def install() -> types.ModuleType:
+    """Make `import mpi4py` and `from mpi4py import MPI` give the facade in this process."""
+    package = types.ModuleType("mpi4py", "colls' mpi4py-compatible facade (colls.compat)")
+    package.MPI = MPI   # type: ignore[attr-defined]
+    package.__version__ = "4.1.2"   # type: ignore[attr-defined] - the mpi4py API the facade follows
+    package.__path__ = []   # type: ignore[attr-defined] - a package, so `import mpi4py.MPI` works
+    package.rc = types.SimpleNamespace(initialize=True, threads=True, thread_level="multiple",
+                                       finalize=None, fast_reduce=True, recv_mprobe=True)  # type: ignore
+    package.get_include = package.get_config = _no_build_support   # type: ignore[attr-defined]
+    sys.modules["mpi4py"] = package
+    sys.modules["mpi4py.MPI"] = MPI
+    return package
+
+
+def _no_build_support(*args: object) -> None:
+    raise NotImplementedError("the colls mpi4py facade has no C headers or build configuration")
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, transport: str = "local", args: tuple = (),
+          timeout: float | None = None) -> list[Any]:
+    """`colls.spawn`, with `MPI.COMM_WORLD` bound to each rank's communicator while `fn(*args)` runs."""
+    import colls
+
+    def rank_main(comm, *rank_args):
+        with bind(comm):
+            return fn(*rank_args)
+
+    return colls.spawn(rank_main, nprocs, transport=transport, args=args, timeout=timeout)

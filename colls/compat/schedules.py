@@ -1,0 +1,223 @@
+"""Collectives colls has no algorithm for, as custom schedules over `Communicator.channel()`.
+
+Gatherv/Scatterv are linear (the root posts one receive or send per rank, straight into or out of
+the user's buffer), Alltoallv/Alltoallw post every pairwise exchange at once, and Scan/Exscan are
+MPICH's recursive-doubling prefix (`MPIR_Scan_intra_recursive_doubling`), which keeps rank order so
+non-commutative operators are right. A channel's sends and receives run in the caller's thread, so
+each schedule first waits for the communicator's queued asynchronous work (`synchronize`); the
+`I...` forms therefore complete before they return (MPI allows that) and hand back a done Request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from transports.base import Channel
+
+from . import buffers
+from .buffers import BOTTOM, is_in_place, simple, vector
+from .datatypes import Datatype, lookup
+from .ops import SUM, Op
+from .request import Request
+
+if TYPE_CHECKING:
+    from colls.communicator import Communicator
+
+
+def _check_same(send: np.ndarray, recv: np.ndarray, what: str, rank: int) -> None:
+    if send.size != recv.size:
+        raise ValueError(f"{what}: rank {rank} sends {send.size} bytes to itself but expects {recv.size}")
+
+
+def _root(comm: Communicator, root: object, what: str) -> int:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
+        raise ValueError(f"{what}: root={root!r} is not a rank of this group of {comm.size}")
+    return int(root)
+
+
+def _w_blocks(msg: object, writable: bool, size: int) -> list[np.ndarray]:
+    """Per-rank byte spans of an Alltoallw message: (buf, (counts, byte displs), types) and kin."""
+    if not isinstance(msg, (list, tuple)) or not 2 <= len(msg) <= 4:
+        raise ValueError("Alltoallw: expecting (buffer, types), (buffer, (counts, displs), types) or "
+                         "(buffer, counts, displs, types)")
+    if len(msg) == 2:
+        buf, types = msg
+        counts, displs = [1] * size, [0] * size
+    elif len(msg) == 3:
+        buf, (counts, displs), types = msg
+    else:
+        buf, counts, displs, types = msg
+    if buf is BOTTOM:
+        raise NotImplementedError("MPI.BOTTOM with absolute addresses (derived datatypes) is not supported "
+                                  "by the colls mpi4py facade")
+    raw, _ = buffers.raw_bytes(buf, writable)
+    if isinstance(types, (Datatype, str)):
+        types = [types] * size
+    datatypes = [lookup(t) for t in types]
+    blocks = []
+    for rank in range(size):
+        start, end = int(displs[rank]), int(displs[rank]) + int(counts[rank]) * datatypes[rank].extent
+        if end > raw.size and end > start:
+            raise ValueError(f"Alltoallw: block {rank} ends at byte {end}; the buffer has {raw.size}")
+        blocks.append(raw[start:end])
+    return blocks
+
+
+class ScheduledCollectives:
+    """Mixin of `Comm`: needs `_comm` (the colls `Communicator`)."""
+
+    _comm: Communicator
+
+    def _channel(self, what: str) -> Channel:
+        self._comm.synchronize()
+        return self._comm.channel(what)
+
+    def _exchange_blocks(self, what: str, send: list[np.ndarray], recv: list[np.ndarray]) -> None:
+        """Block i of `send` goes to rank i, block j of `recv` comes from rank j (empty ones skipped)."""
+        comm = self._comm
+        channel = self._channel(what)
+        requests = [channel.recv(recv[peer], peer) for peer in range(comm.size)
+                    if peer != comm.rank and recv[peer].size]
+        requests += [channel.send(send[peer], peer) for peer in range(comm.size)
+                     if peer != comm.rank and send[peer].size]
+        _check_same(send[comm.rank], recv[comm.rank], what, comm.rank)
+        recv[comm.rank][...] = send[comm.rank]
+        channel.wait(*requests)
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Gather blocks of per-rank counts into the root's buffer at per-rank displacements."""
+        comm = self._comm
+        root = _root(comm, root, "Gatherv")
+        if comm.rank == root:
+            received = vector(recvbuf, writable=True, blocks=comm.size)
+            blocks = [received.block(rank) for rank in range(comm.size)]
+            mine = blocks[root] if is_in_place(sendbuf) else simple(sendbuf, writable=False).data()
+            channel = self._channel("Gatherv")
+            requests = [channel.recv(blocks[rank], rank) for rank in range(comm.size)
+                        if rank != root and blocks[rank].size]
+            _check_same(mine, blocks[root], "Gatherv", root)
+            blocks[root][...] = mine
+            channel.wait(*requests)
+        else:
+            data = simple(sendbuf, writable=False).data()
+            channel = self._channel("Gatherv")
+            if data.size:
+                channel.wait(channel.send(data, root))
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Give rank i `counts[i]` elements from displacement `displs[i]` of the root's buffer."""
+        comm = self._comm
+        root = _root(comm, root, "Scatterv")
+        if comm.rank == root:
+            sent = vector(sendbuf, writable=False, blocks=comm.size)
+            blocks = [sent.block(rank) for rank in range(comm.size)]
+            channel = self._channel("Scatterv")
+            requests = [channel.send(blocks[rank], rank) for rank in range(comm.size)
+                        if rank != root and blocks[rank].size]
+            if not is_in_place(recvbuf):
+                mine = simple(recvbuf, writable=True).data()
+                _check_same(blocks[root], mine, "Scatterv", root)
+                mine[...] = blocks[root]
+            channel.wait(*requests)
+        else:
+            data = simple(recvbuf, writable=True).data()
+            channel = self._channel("Scatterv")
+            if data.size:
+                channel.wait(channel.recv(data, root))
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        """All-to-all with per-peer counts and displacements on both sides."""
+        size = self._comm.size
+        received = vector(recvbuf, writable=True, blocks=size)
+        sent = (replace(received, raw=received.raw.copy()) if is_in_place(sendbuf)
+                else vector(sendbuf, writable=False, blocks=size))
+        self._exchange_blocks("Alltoallv", [sent.block(r) for r in range(size)],
+                              [received.block(r) for r in range(size)])
+
+    def Alltoallw(self, sendbuf, recvbuf) -> None:
+        """All-to-all with per-peer counts, byte displacements and (predefined) datatypes."""
+        size = self._comm.size
+        recv = _w_blocks(recvbuf, True, size)
+        if is_in_place(sendbuf):
+            send = [block.copy() for block in recv]
+        else:
+            send = _w_blocks(sendbuf, False, size)
+        self._exchange_blocks("Alltoallw", send, recv)
+
+    def _prefix(self, sendbuf, recvbuf, op: Op, exclusive: bool) -> None:
+        """Inclusive (Scan) or exclusive (Exscan) prefix reduction by recursive doubling."""
+        comm = self._comm
+        what = "Exscan" if exclusive else "Scan"
+        received = simple(recvbuf, writable=True)
+        out = received.typed()
+        if is_in_place(sendbuf):
+            mine = out.copy()
+        else:
+            sent = simple(sendbuf, writable=False)
+            buffers.same_shape(sent, received, what)
+            mine = sent.typed()
+        colls_op = op.for_datatype(received.datatype)
+        colls_op.check(out.dtype)
+        partial = mine.copy()             # reduction over my aligned block of ranks, in rank order
+        incoming = np.empty_like(partial)
+        if not exclusive:
+            out[...] = mine
+        have_prefix = not exclusive
+        channel = self._channel(what)
+        mask = 1
+        while mask < comm.size:
+            partner = comm.rank ^ mask
+            if partner < comm.size:
+                # swap block reductions with the partner block of the same size
+                channel.exchange(partial.view(np.uint8), partner, incoming.view(np.uint8), partner)
+                if partner < comm.rank:   # the lower block comes before everything I hold
+                    colls_op.into_right(partial, incoming)
+                    if have_prefix:
+                        colls_op.into_right(out, incoming)
+                    else:
+                        out[...] = incoming
+                        have_prefix = True
+                else:
+                    colls_op.into_left(partial, incoming)
+            mask <<= 1
+
+    def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Rank i gets the reduction of ranks 0..i."""
+        self._prefix(sendbuf, recvbuf, op, exclusive=False)
+
+    def Exscan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+        """Rank i gets the reduction of ranks 0..i-1 (rank 0's buffer is left as it was)."""
+        self._prefix(sendbuf, recvbuf, op, exclusive=True)
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        """Nonblocking Gatherv (completes before it returns)."""
+        self.Gatherv(sendbuf, recvbuf, root)
+        return Request()
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        """Nonblocking Scatterv (completes before it returns)."""
+        self.Scatterv(sendbuf, recvbuf, root)
+        return Request()
+
+    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking Alltoallv (completes before it returns)."""
+        self.Alltoallv(sendbuf, recvbuf)
+        return Request()
+
+    def Ialltoallw(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking Alltoallw (completes before it returns)."""
+        self.Alltoallw(sendbuf, recvbuf)
+        return Request()
+
+    def Iscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        """Nonblocking Scan (completes before it returns)."""
+        self.Scan(sendbuf, recvbuf, op)
+        return Request()
+
+    def Iexscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
+        """Nonblocking Exscan (completes before it returns)."""
+        self.Exscan(sendbuf, recvbuf, op)
+        return Request()
