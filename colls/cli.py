@@ -19,6 +19,9 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
                         help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="kill the whole job after this many seconds and exit 124")
+    parser.add_argument("--as-mpi4py", action="store_true",
+                        help="run an unmodified mpi4py script on colls: `from mpi4py import MPI` gives "
+                             "colls' facade (colls.compat)")
     # REMAINDER on both, so the program's own options (even -n) are passed through untouched.
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="module args",
                         help="run a library module as a script, like python -m")
@@ -42,6 +45,8 @@ def run_command(args: argparse.Namespace) -> int:
         args.parser.error(f"-n must be at least 1, not {args.nprocs}")
     if args.timeout is not None and args.timeout <= 0:
         args.parser.error(f"--timeout must be positive, not {args.timeout:g}")
+    if getattr(args, "as_mpi4py", False):
+        argv_of_program = ["-m", "colls.compat.run", *argv_of_program]
     return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout)
 
 
