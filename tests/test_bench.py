@@ -108,7 +108,8 @@ def test_block_placement_is_checked():
 @pytest.mark.parametrize("transport", ["shm", "mpi"])
 def test_every_collective_runs_right_and_writes_json(tmp_path, transport):
     result = colls_bench("-n", "2", "--transport", transport, "-c", "all", "-b", "8", "-e", "512", "-f", "8",
-                         "-w", "1", "--iters", "3", "--baselines", "mpi", "--json", "out.json", cwd=tmp_path)
+                         "-w", "1", "--iters", "3", "--baselines", "mpi", "--json", "out.json",
+                         "--markdown", "out.md", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "# wrong elements: 0 OK" in result.stdout
     for collective in ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"):
@@ -127,6 +128,8 @@ def test_every_collective_runs_right_and_writes_json(tmp_path, transport):
         assert record["baselines"]["mpi"]["wrong"] == 0
         assert record["memcpy"]["algbw_GBps"] > 0
         assert record["algorithm"] in colls.algorithms(record["collective"])
+    table = (tmp_path / "out.md").read_text()
+    assert table.count("| size | algorithm |") == 6 and "colls / MPI" in table
 
 
 @needs_mpi

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import colls
 
-from .report import plot, write_json
+from .report import markdown, plot, write_json
 from .spec import BASELINES, COLLECTIVES, DTYPES, OPS, Spec, format_bytes, parse_size, size_steps
 
 EXIT_WRONG = 1
@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-baselines", action="store_true", help="time colls only (no MPI, no Gloo)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write every record to FILE")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw busbw against size")
+    parser.add_argument("--markdown", default=None, metavar="FILE.md",
+                        help="write the tables in Markdown (as in bench/RESULTS.md)")
     parser.add_argument("--memcheck", action="store_true",
                         help="instead: resident memory per rank before and after back-to-back calls")
     parser.add_argument("--memcheck-calls", type=int, default=1000, metavar="N",
@@ -209,6 +211,7 @@ def bench_command(args: argparse.Namespace) -> int:
         print("colls bench: needs mpi4py and mpiexec: pip install 'colls[bench]'", file=sys.stderr)
         return EXIT_USAGE
     started = time.time()
+    command = shlex.join(["colls", *sys.argv[1:]])   # as typed, for the JSON and Markdown files
     with tempfile.TemporaryDirectory(prefix="colls-bench-") as folder:
         spec = dataclasses.replace(spec, records_path=os.path.join(folder, "records.jsonl"))
         spec_path = os.path.join(folder, "spec.json")
@@ -217,11 +220,15 @@ def bench_command(args: argparse.Namespace) -> int:
         meta, records = _read_records(spec.records_path)
     if args.json:
         settings = {key: value for key, value in dataclasses.asdict(spec).items() if key != "records_path"}
-        write_json(args.json, {"tool": "colls bench", "command": shlex.join(["colls", *sys.argv[1:]]),
+        write_json(args.json, {"tool": "colls bench", "command": command,
                                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                                "wall_s": round(time.time() - started, 2), "spec": settings, **meta},
                    records)
         print(f"# wrote {len(records)} records to {args.json}")
+    if args.markdown:
+        heading = f"`{command}`, {time.strftime('%Y-%m-%d', time.localtime(started))}"
+        Path(args.markdown).write_text(markdown(records, heading))
+        print(f"# wrote the Markdown tables to {args.markdown}")
     if args.plot:
         title = f"colls bench: {spec.ranks} ranks, {spec.dtype} {spec.op}, colls over {spec.transport}"
         problem = plot(args.plot, records, title)

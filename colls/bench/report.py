@@ -104,22 +104,44 @@ class Table:
         print(f"# average busbw (colls): {average:.3f} GB/s", flush=True)
 
 
-def memcheck_table(record: dict) -> str:
-    """Resident memory per rank before and after the back-to-back calls."""
-    lines = [f"# memcheck: {record['calls']} x {record['collective']} of {format_bytes(record['bytes'])} "
-             f"({record['algorithm']}, {record['transport']}) in {record['seconds']:.2f} s, "
-             f"#wrong {record['wrong']}",
-             f"{'rank':>4} {'RSS start MiB':>14} {'RSS end MiB':>12} {'growth KiB':>11}"]
-    for rank, (start, end) in enumerate(zip(record["rss_start_bytes"], record["rss_end_bytes"], strict=True)):
-        lines.append(f"{rank:>4} {start / 2**20:14.1f} {end / 2**20:12.1f} {(end - start) / 1024:11.1f}")
-    return "\n".join(lines)
-
-
 def write_json(path: str, meta: dict, records: list[dict]) -> None:
     """Every record, with how the run was made."""
     with open(path, "w") as handle:
         json.dump({**meta, "records": records}, handle, indent=1)
         handle.write("\n")
+
+
+def _time_cell(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
+
+
+def markdown(records: list[dict], heading: str) -> str:
+    """The records as Markdown tables, one per collective, for bench/RESULTS.md."""
+    names = [name for name in ("mpi", "gloo")
+             if any("time_median_s" in r.get("baselines", {}).get(name, {}) for r in records)]
+    labels = {"mpi": "MPI", "gloo": "Gloo"}
+    out = []
+    for collective in dict.fromkeys(r["collective"] for r in records if r.get("mode") != "memcheck"):
+        out.append(f"{heading}: **{collective}**\n")
+        head = "| size | algorithm | time | busbw GB/s | #wrong |"
+        rule = "| ---: | --- | ---: | ---: | ---: |"
+        for name in names:
+            head += f" {labels[name]} time | {labels[name]} busbw | colls / {labels[name]} |"
+            rule += " ---: | ---: | ---: |"
+        out += [head + " memcpy GB/s |", rule + " ---: |"]
+        for r in (r for r in records if r.get("collective") == collective and r.get("mode") != "memcheck"):
+            line = (f"| {format_bytes(r['bytes'])} | {r['algorithm']} | {_time_cell(r['time_median_s'])} | "
+                    f"{r['busbw_GBps']:.3f} | {r['wrong']} |")
+            for name in names:
+                theirs = r["baselines"].get(name, {})
+                if "time_median_s" in theirs:
+                    line += (f" {_time_cell(theirs['time_median_s'])} | {theirs['busbw_GBps']:.3f} | "
+                             f"{theirs['ratio']:.2f}x |")
+                else:
+                    line += " n/a | n/a | n/a |"
+            out.append(line + f" {r['memcpy']['algbw_GBps']:.2f} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def _series(records: list[dict]) -> dict[tuple[str, str], list[tuple[int, float]]]:

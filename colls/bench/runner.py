@@ -9,7 +9,6 @@ soon as a size is done and appends its record to the spec's records file for the
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sys
@@ -21,7 +20,8 @@ import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
 from .cases import Case, make_case
-from .report import Table, memcheck_table
+from .memcheck import run_memcheck
+from .report import Table
 from .spec import ROOT, Spec, bus_factor
 
 ROUNDS = 3   # the timed calls of the implementations alternate in this many rounds
@@ -217,47 +217,6 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
             del case   # free this size's buffers before the next size allocates
             if table is not None:
                 table.row(record)
-            emit(record)
-
-
-def resident_bytes() -> int:
-    """This process's resident set size, from /proc/self/statm."""
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def run_memcheck(world, colls: Colls, spec: Spec, emit) -> None:
-    """`--memcheck`: resident memory before and after `memcheck_calls` back-to-back calls, per rank."""
-    from mpi4py import MPI
-
-    rank, ranks = world.Get_rank(), world.Get_size()
-    for collective in spec.collectives:
-        case = make_case(collective, spec.sizes[0], spec.op, spec.dtype, rank, ranks)
-        prepared = colls.prepare(case)
-        for _ in range(max(spec.warmup, 50)):   # let pools, caches and the allocator settle first
-            prepared.call()
-        wrong = case.wrong(prepared.result)
-        gc.collect()
-        world.Barrier()
-        before = resident_bytes()
-        start = time.perf_counter()
-        for _ in range(spec.memcheck_calls):
-            prepared.call()
-        seconds = time.perf_counter() - start
-        gc.collect()
-        after = resident_bytes()
-        wrong += case.wrong(prepared.result)
-        rows = world.gather((before, after), root=0)
-        wrong = world.allreduce(wrong, op=MPI.SUM)
-        seconds = world.allreduce(seconds, op=MPI.MAX)
-        if rank == 0:
-            record = {"mode": "memcheck", "collective": collective, "implementation": "colls",
-                      "transport": spec.transport, "algorithm": colls.algorithm_for(case), "ranks": ranks,
-                      "dtype": spec.dtype, "op": spec.op, "bytes": case.nbytes,
-                      "calls": spec.memcheck_calls, "seconds": seconds, "wrong": wrong,
-                      "rss_start_bytes": [r[0] for r in rows], "rss_end_bytes": [r[1] for r in rows],
-                      "growth_bytes": [r[1] - r[0] for r in rows]}
-            print(memcheck_table(record), flush=True)
             emit(record)
 
 
