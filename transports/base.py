@@ -238,6 +238,24 @@ class Backoff:
         self.sleep_s = min(self.sleep_s * 2, self.MAX_SLEEP_S)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` (on this machine) exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
 def check_buffer(buf: np.ndarray, what: str) -> None:
     """Transports accept only 1-D C-contiguous numpy arrays; say so clearly otherwise."""
     if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:

@@ -7,6 +7,8 @@ from a pool that grows to the largest message once and is then reused, and is re
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Sequence
 
@@ -20,9 +22,10 @@ from .base import (
     Request,
     Transport,
     check_buffer,
+    process_alive,
     timeout_error,
 )
-from .errors import CollectiveMismatch, TransportError
+from .errors import CollectiveMismatch, PeerLost, TransportError
 
 
 def import_mpi():
@@ -84,6 +87,11 @@ class MpiTransport(Transport):
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
         self.user_tag_limit = self.tag_limit
+        # pids of the ranks on this host, to tell a dead peer from a slow one (mpiexec may keep the
+        # survivors running: -disable-auto-cleanup); exchanged once, pickled, off the data path
+        host = socket.gethostname()
+        table = base.allgather((host, os.getpid()))
+        self.local_pids = {peer: pid for peer, (peer_host, pid) in enumerate(table) if peer_host == host}
         self.scratch = ScratchPool()
         self.status = MPI.Status()
         self.closed = False
@@ -124,6 +132,7 @@ class MpiTransport(Transport):
         try:
             finished = request.handle.Test(self.status)
         except self.MPI.Exception as error:
+            self._find_dead(error)             # MPI fails requests once a peer is gone: name it
             if error.Get_error_class() == self.MPI.ERR_TRUNCATE:
                 raise CollectiveMismatch(
                     f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
@@ -164,7 +173,24 @@ class MpiTransport(Transport):
             if now >= next_abort_check:
                 next_abort_check = now + 0.2
                 self.check_aborted()
+                self._check_alive(requests)
             backoff.pause()
+
+    def _find_dead(self, error: Exception) -> None:
+        """After an MPI error: PeerLost naming a local rank that has died, if one has."""
+        for _ in range(10):                    # a killed rank takes a moment to look dead
+            for peer, pid in self.local_pids.items():
+                if not process_alive(pid):
+                    raise PeerLost(f"rank {peer} (pid {pid}) has died; rank {self.rank}'s MPI calls "
+                                   f"failed with: {str(error).splitlines()[0]}", peer) from error
+            time.sleep(0.05)
+
+    def _check_alive(self, requests: Sequence[Request]) -> None:
+        for request in requests:
+            pid = self.local_pids.get(request.peer)
+            if not request.done and pid is not None and not process_alive(pid):
+                raise PeerLost(f"rank {request.peer} (pid {pid}) has died; rank {self.rank} was waiting "
+                               f"for its {request!r}", request.peer)
 
     def abort(self, reason: str) -> None:
         self.aborted = reason

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import cma
-from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, timeout_error
+from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, process_alive, timeout_error
 from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost, TransportError
 from .segment import Segment
 
@@ -262,7 +262,7 @@ class ShmTransport(Transport):
         except (ProcessLookupError, TransportError) as error:
             if not isinstance(error, ProcessLookupError):
                 time.sleep(0.05)             # a dying process may not look dead for a moment
-                if _alive(self.pids[peer]):
+                if process_alive(self.pids[peer]):
                     raise
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"reading its {request.nbytes} B message") from error
@@ -409,7 +409,7 @@ class ShmTransport(Transport):
             raise PeerLost(f"rank {dead} (pid {self.pids[dead]}) has died; rank {self.rank} learned it "
                            f"from a peer while waiting", dead)
         for request in requests:
-            if not request.done and not _alive(self.pids[request.peer]):
+            if not request.done and not process_alive(self.pids[request.peer]):
                 raise self._lost(request.peer, f"rank {request.peer} (pid {self.pids[request.peer]}) has "
                                                f"died; rank {self.rank} was waiting for its {request!r}")
 
@@ -446,21 +446,3 @@ class ShmTransport(Transport):
             if segment is not self.segment:
                 segment.close()
         self.segment.close()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
