@@ -6,6 +6,8 @@ import numpy as np
 
 from transports.base import Channel
 
+from .allreduce import recursive_doubling
+from .ops import MAX
 from .registry import register
 
 
@@ -93,3 +95,26 @@ def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
         distance <<= 1
     # inverse rotation: relative slot j now holds the block that rank r-j sent me
     out.reshape(size, block)[(rank - np.arange(size)) % size] = moving
+
+
+@register("all_to_all_v", "bruck",
+          "pad every block to the largest count anywhere (one small all-reduce), then Bruck's log n steps")
+def bruck_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_starts: list[int],
+            out: np.ndarray, recv_counts: list[int], recv_starts: list[int]) -> None:
+    """Bruck for variable blocks: worth it only when blocks are small and about the same size.
+
+    Bruck's schedule forwards blocks through intermediate ranks, which then must know their sizes;
+    padding every block to the group-wide largest count keeps the schedule static (MPICH keeps
+    Bruck for uniform blocks for the same reason). The padding is sent; the byte counters show it.
+    """
+    size = channel.size
+    largest = np.array([max(send_counts + recv_counts)], np.int64)
+    recursive_doubling(channel, largest, MAX)            # the largest block of any pair, everywhere
+    block = int(largest[0])
+    padded = np.zeros((size, block), send.dtype)
+    for peer in range(size):
+        padded[peer, :send_counts[peer]] = send[send_starts[peer]:send_starts[peer] + send_counts[peer]]
+    landed = np.empty_like(padded)
+    bruck(channel, padded.reshape(-1), landed.reshape(-1))
+    for peer in range(size):                             # drop the padding again
+        out[recv_starts[peer]:recv_starts[peer] + recv_counts[peer]] = landed[peer, :recv_counts[peer]]

@@ -172,6 +172,7 @@ def _direct_all_to_all(n: int, s: float, m: Machine) -> float:
 
 
 @model("all_to_all", "bruck")
+@model("all_to_all_v", "bruck")
 def _bruck_all_to_all(n: int, s: float, m: Machine) -> float:
     return _log2(n) * (m.alpha + s / 2 * m.beta + s * m.beta)   # plus packing copies
 
