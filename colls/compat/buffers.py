@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import dlpack
 from .datatypes import Datatype, for_dtype, lookup
 
 
@@ -55,7 +56,7 @@ def raw_bytes(buf: object, writable: bool) -> tuple[np.ndarray, Datatype | None]
         array = np.frombuffer(view, np.uint8) if view.nbytes else np.empty(0, np.uint8)
         return array, _format_type(view.format)
     elif hasattr(buf, "__dlpack__"):
-        array = np.from_dlpack(buf)
+        array = dlpack.host_array(buf)
     else:
         raise TypeError(f"message: expecting a buffer, got {type(buf).__name__}")
     if not array.flags.c_contiguous:

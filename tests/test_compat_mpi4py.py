@@ -1,0 +1,214 @@
+"""mpi4py's own collective tests, run against colls' facade (`colls.compat`) on real ranks.
+
+The test files come from mpi4py's source distribution on PyPI, fetched at test time (never
+committed) and cached in pytest's cache dir; without network the tests skip saying so. Every rank
+runs mpi4py's unittest classes (COMM_WORLD, COMM_SELF and their Dups, in place and not) with
+`mpi4py` in `sys.modules` being the facade:
+- `local`: one process whose ranks are threads; each rank gets its own copy of the test modules and
+  of `arrayimpl` (its `loop`/`scalar` keep state in function attributes, which threads would share),
+  and `MPI.COMM_WORLD` resolves to the thread's rank through `colls.compat.bind`;
+- `shm`: `colls run --as-mpi4py -n N`, one process per rank, the way a user runs a script.
+
+Excluded (each reason is a feature the facade refuses with NotImplementedError):
+- testBcastTypeIndexed (test_cco_buf, test_cco_nb_buf): derived datatypes (Create_indexed_block).
+- testAlltoallwBottom (test_cco_vec, test_cco_nb_vec): derived datatypes (Create_struct) addressed
+  from MPI.BOTTOM with MPI.Get_address.
+- the FakeGPUArray* buffer backends of arrayimpl: they expose host memory through
+  `__cuda_array_interface__`, which to MPI means device memory; the facade refuses GPU buffers.
+
+Run this file as a script (`--worker`) to be one rank (or, with `--threads N`, all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MPI4PY_VERSION = "4.1.2"
+MODULES = ("test_cco_buf", "test_cco_vec", "test_cco_nb_buf", "test_cco_nb_vec")
+SUPPORT = ("mpiunittest", "mpitestutil", "arrayimpl", "dlpackimpl")
+EXCLUDED = {
+    "testBcastTypeIndexed": "derived datatypes (Datatype.Create_indexed_block)",
+    "testAlltoallwBottom": "derived datatypes (Datatype.Create_struct) at MPI.BOTTOM addresses",
+}
+EXCLUDED_BACKEND_PREFIX = "FakeGPUArray"   # __cuda_array_interface__ over host memory
+SIZES = (1, 2, 3, 4, 5)
+
+
+# -- the worker: one rank (or all ranks as threads) running mpi4py's unittest classes --------------
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_rank_copy(suite_dir: Path, modules: list[str]) -> list:
+    """Fresh copies of `arrayimpl` and the test modules (bound to that copy); sys.modules restored."""
+    saved = {name: sys.modules.get(name) for name in ("arrayimpl", *modules)}
+    try:
+        arrayimpl = _load(suite_dir / "arrayimpl.py", "arrayimpl")
+        arrayimpl.ArrayBackends[:] = [backend for backend in arrayimpl.ArrayBackends
+                                      if not backend.__name__.startswith(EXCLUDED_BACKEND_PREFIX)]
+        return [_load(suite_dir / f"{name}.py", name) for name in modules]
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def build_suite(modules: list) -> unittest.TestSuite:
+    """Every test of the modules except the excluded ones."""
+    suite = unittest.TestSuite()
+    loader = unittest.TestLoader()
+    for module in modules:
+        for test in _flatten(loader.loadTestsFromModule(module)):
+            if test.id().rsplit(".", 1)[-1] not in EXCLUDED:
+                suite.addTest(test)
+    return suite
+
+
+def _flatten(suite):
+    for item in suite:
+        if isinstance(item, unittest.TestSuite):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def run_suite(modules: list) -> dict:
+    """Run the suite on this rank; the counts and the text of any failure."""
+    result = unittest.TestResult()
+    build_suite(modules).run(result)
+    return {"run": result.testsRun, "skipped": len(result.skipped),
+            "failures": [f"{test.id()}: {text}" for test, text in result.failures],
+            "errors": [f"{test.id()}: {text}" for test, text in result.errors]}
+
+
+def worker(suite_dir: Path, modules: list[str], results: Path, threads: int) -> None:
+    """Run the suite as the ranks of this job and write results/rank<r>.json for each."""
+    sys.path.insert(0, str(suite_dir))
+    from colls.compat import install
+
+    install()
+    if threads:
+        import colls
+        from colls.compat import bind
+
+        copies = [load_rank_copy(suite_dir, modules) for _ in range(threads)]
+
+        def rank_main(comm):
+            with bind(comm):
+                return run_suite(copies[comm.rank])
+
+        for rank, outcome in enumerate(colls.spawn(rank_main, threads, transport="local")):
+            (results / f"rank{rank}.json").write_text(json.dumps(outcome))
+        return
+    from colls.compat import MPI
+
+    outcome = run_suite(load_rank_copy(suite_dir, modules))
+    (results / f"rank{MPI.COMM_WORLD.Get_rank()}.json").write_text(json.dumps(outcome))
+
+
+# -- pytest side ------------------------------------------------------------------------------------
+
+def fetch_suite(cache_dir: Path) -> Path:
+    """mpi4py's test/ folder from its sdist (downloaded once into cache_dir), or a skip."""
+    suite_dir = cache_dir / f"mpi4py-{MPI4PY_VERSION}-test"
+    if all((suite_dir / f"{name}.py").exists() for name in (*MODULES, *SUPPORT)):
+        return suite_dir
+    download = Path(tempfile.mkdtemp(prefix="mpi4py-sdist-"))
+    try:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   f"mpi4py=={MPI4PY_VERSION}", "-d", str(download), "--quiet"]
+        # without build isolation pip only reads the metadata (~2 s); with it, it first installs
+        # the build backend (minutes), so that is the fallback
+        for extra in (["--no-build-isolation"], []):
+            done = subprocess.run(command + extra, capture_output=True, text=True, timeout=600)
+            archives = list(download.glob("mpi4py-*.tar.gz"))
+            if archives:
+                break
+        else:
+            pytest.skip(f"cannot download mpi4py {MPI4PY_VERSION}'s sdist from PyPI (no network?): "
+                        f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        staging = suite_dir.with_suffix(".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with tarfile.open(archives[0]) as archive:
+            for name in (*MODULES, *SUPPORT):
+                member = archive.getmember(f"mpi4py-{MPI4PY_VERSION}/test/{name}.py")
+                (staging / f"{name}.py").write_bytes(archive.extractfile(member).read())
+        shutil.rmtree(suite_dir, ignore_errors=True)
+        staging.rename(suite_dir)
+        return suite_dir
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def suite_dir(request) -> Path:
+    return fetch_suite(Path(request.config.cache.mkdir("mpi4py-suite")))
+
+
+def run_job(suite_dir: Path, transport: str, size: int, tmp_path: Path) -> list[dict]:
+    """Run the four modules on `size` ranks over `transport`; every rank's results."""
+    env = dict(os.environ, COLLS_TIMEOUT="60",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("COLLS_TRANSPORT", None)
+    worker_args = [__file__, "--worker", str(suite_dir), "--results", str(tmp_path), *MODULES]
+    if transport == "local":
+        command = [sys.executable, *worker_args, "--threads", str(size)]
+    else:
+        command = [sys.executable, "-m", "colls.cli", "run", "--as-mpi4py", "-n", str(size),
+                   "--transport", transport, "--timeout", "300", *worker_args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=360)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(size)]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_mpi4py_collective_suite(suite_dir: Path, transport: str, size: int, tmp_path: Path) -> None:
+    start = time.perf_counter()
+    outcomes = run_job(suite_dir, transport, size, tmp_path)
+    problems = [line for rank, outcome in enumerate(outcomes)
+                for line in (f"rank {rank}: {text}" for text in outcome["failures"] + outcome["errors"])]
+    assert not problems, "\n".join(problems[:5])
+    counts = {(outcome["run"], outcome["skipped"]) for outcome in outcomes}
+    assert len(counts) == 1, f"ranks ran different numbers of tests: {counts}"
+    (run, skipped), = counts
+    assert run > 0
+    print(f"mpi4py {MPI4PY_VERSION} suite on {transport} x {size}: {run} run, {run - skipped} passed, "
+          f"{skipped} skipped by mpi4py itself, {len(EXCLUDED)} methods excluded, "
+          f"{time.perf_counter() - start:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one rank (or, with --threads, all) of the suite")
+    parser.add_argument("--worker", type=Path, required=True, help="folder with mpi4py's test files")
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("modules", nargs="+")
+    args = parser.parse_args()
+    worker(args.worker, args.modules, args.results, args.threads)
+
+
+if __name__ == "__main__":
+    main()
