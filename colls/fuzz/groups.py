@@ -43,7 +43,13 @@ class Worker:
         rank = self.world.rank
         if program.size not in self.bases:
             self.world.timeout = deadline_s
-            self.bases[program.size] = self.world.split(0 if rank < program.size else None)
+            try:
+                self.bases[program.size] = self.world.split(0 if rank < program.size else None)
+            except Exception as error:   # the group itself cannot be made: report, do not die
+                failure = {"rank": rank, "step": -1, "kind": "crash", "label": "", "detail": "",
+                           "message": f"splitting off the first {program.size} ranks: "
+                                      f"{type(error).__name__}: {error}"}
+                return {"rank": rank, "failures": [failure], "aborted": True}
         base = self.bases[program.size]
         if base is None:
             return {"rank": rank, "idle": True}
