@@ -141,6 +141,10 @@ def Get_address(location: object) -> int:
                               "supported by the colls mpi4py facade")
 
 
+def _refuse(cls, *args: object, **kwargs: object) -> None:
+    raise NotImplementedError(f"{cls.feature} is not supported by the colls mpi4py facade")
+
+
 class _Unsupported:
     """A class of mpi4py that the facade does not offer; using it says which feature is missing."""
 
@@ -152,21 +156,18 @@ class _Unsupported:
     def __init_subclass__(cls, feature: str = "", **kwargs: object) -> None:
         cls.feature = feature
 
-    @classmethod
-    def _refuse(cls, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(f"{cls.feature} is not supported by the colls mpi4py facade")
 
 
 class Win(_Unsupported, feature="one-sided communication (MPI.Win)"):
     """Not supported: one-sided communication."""
 
-    Create = Allocate = Allocate_shared = Create_dynamic = _Unsupported._refuse
+    Create = Allocate = Allocate_shared = Create_dynamic = classmethod(_refuse)
 
 
 class File(_Unsupported, feature="MPI I/O (MPI.File)"):
     """Not supported: MPI I/O."""
 
-    Open = Delete = _Unsupported._refuse
+    Open = Delete = classmethod(_refuse)
 
 
 class Intercomm(_Unsupported, feature="inter-communicators (MPI.Intercomm)"):
