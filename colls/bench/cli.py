@@ -7,6 +7,7 @@ up, and turns the records rank 0 left behind into `--json` and `--plot` files an
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import importlib.util
 import json
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from .spec import BASELINES, COLLECTIVES, DTYPES, OPS, Spec, format_bytes, parse
 EXIT_WRONG = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
+PR_SET_PDEATHSIG = 1   # prctl(2): the signal a child gets when its parent dies
 _FOREIGN_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_")   # an outer mpiexec's variables
 
 
@@ -150,6 +153,14 @@ def _remove_orphaned_mpich_segments(before: set[str]) -> None:
             pass
 
 
+def _die_with_parent() -> None:
+    """In mpiexec's process before exec: the kernel kills it should `colls bench` die first."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass   # not Linux: the SIGTERM handler still covers the usual ways to stop us
+
+
 def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
     """mpiexec -n N python -m colls.bench.runner SPEC; returns its exit status (124 on timeout)."""
     from colls.launcher import find_mpiexec
@@ -162,17 +173,29 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
     job = secrets.token_hex(6)
     segments_before = _mpich_segments()
     command = [mpiexec, "-n", str(spec.ranks), sys.executable, "-m", "colls.bench.runner", spec_path]
-    child = subprocess.Popen(command, env=_child_environment(job), start_new_session=True)
+    child = subprocess.Popen(command, env=_child_environment(job), start_new_session=True,
+                             preexec_fn=_die_with_parent)
+    terminated: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        raise KeyboardInterrupt   # leave the wait below and take the ranks down with us
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():   # `timeout`, CI runners, kill(1)
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         status = child.wait(timeout)
     except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, signal.SIGKILL)   # Hydra's proxies then end the ranks themselves
         child.wait()
         timed_out = isinstance(stop, subprocess.TimeoutExpired)
         why = f"timed out after {timeout:g} s" if timed_out else "interrupted"
         print(f"colls bench: {why}; ranks killed", file=sys.stderr)
-        status = EXIT_TIMEOUT if timed_out else 130
+        status = EXIT_TIMEOUT if timed_out else 128 + (terminated[0] if terminated else signal.SIGINT)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         remove_job_segments(job)
     if status != 0:
         _remove_orphaned_mpich_segments(segments_before)
