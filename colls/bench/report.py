@@ -141,6 +141,14 @@ def markdown(records: list[dict], heading: str) -> str:
                     line += " n/a | n/a | n/a |"
             out.append(line + f" {r['memcpy']['algbw_GBps']:.2f} |")
         out.append("")
+    for r in (r for r in records if r.get("mode") == "memcheck"):
+        out += [f"{heading}: **memcheck**, {r['calls']} x {r['collective']} of {format_bytes(r['bytes'])} "
+                f"({r['algorithm']}), #wrong {r['wrong']}\n",
+                "| rank | RSS at start | RSS at end | growth |", "| ---: | ---: | ---: | ---: |"]
+        for rank, (start, end) in enumerate(zip(r["rss_start_bytes"], r["rss_end_bytes"], strict=True)):
+            out.append(f"| {rank} | {start / 2**20:.1f} MiB | {end / 2**20:.1f} MiB | "
+                       f"{(end - start) / 1024:.1f} KiB |")
+        out.append("")
     return "\n".join(out)
 
 
