@@ -27,14 +27,20 @@ from .base import (
 )
 from .errors import CollectiveMismatch, PeerLost, TransportError
 
+_MPI = None
+
 
 def import_mpi():
-    """mpi4py's MPI module, or a TransportError that says how to get it."""
-    try:
-        from mpi4py import MPI
-    except ImportError as error:
-        raise TransportError("the mpi transport needs mpi4py: pip install 'colls[mpi]'") from error
-    return MPI
+    """mpi4py's MPI module (the real one, cached at first use, so that a facade installed later as
+    `mpi4py` — see colls.compat — never stands in for it), or a TransportError saying how to get it."""
+    global _MPI
+    if _MPI is None:
+        try:
+            from mpi4py import MPI
+        except ImportError as error:
+            raise TransportError("the mpi transport needs mpi4py: pip install 'colls[mpi]'") from error
+        _MPI = MPI
+    return _MPI
 
 
 class _MpiRequest(Request):
