@@ -24,7 +24,7 @@ from .memcheck import run_memcheck
 from .report import Table
 from .spec import ROOT, Spec, bus_factor
 
-ROUNDS = 5   # the timed calls of the implementations alternate in this many rounds
+ROUNDS = 20   # the timed calls of the implementations alternate in up to this many rounds
 
 
 class Colls:
