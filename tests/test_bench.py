@@ -179,3 +179,27 @@ def test_plot_is_a_png(tmp_path):
                          "--plot", "p.png", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(10)
+def test_targets_table_judges_ratios():
+    from colls.bench.targets import table
+
+    def record(nbytes, seconds, mpi_ratio, gloo_ratio):
+        return {"collective": "all_reduce", "ranks": 2, "transport": "shm", "bytes": nbytes,
+                "time_median_s": seconds,
+                "baselines": {"mpi": {"ratio": mpi_ratio, "time_median_s": seconds * mpi_ratio},
+                              "gloo": {"ratio": gloo_ratio, "time_median_s": seconds * gloo_ratio}}}
+
+    records = [record(8, 4e-6, 0.5, 30.0), record(64 << 10, 40e-6, 1.1, 8.0),
+               record(16 << 20, 4e-3, 1.3, 4.0), record(32 << 20, 8e-3, 1.2, 2.0)]
+    lines = table([{"records": records}]).splitlines()[2:]
+    verdict = {tuple(line.strip("| ").split(" | ")[:2]): line.rsplit(" | ", 1)[1].strip(" |")
+               for line in lines}
+    assert verdict["all_reduce, 2 ranks, busbw vs MPICH", ">= 1.0x at every size >= 64 KiB"] == "met"
+    assert verdict["all_reduce, 2 ranks, busbw vs MPICH", ">= 1.25x at >= 16 MiB"] == "not met"
+    assert verdict["all_reduce, 2 ranks, 8 B latency", "<= 2x MPICH"] == "met"   # 2x exactly
+    assert verdict["all_reduce, 2 ranks, 8 B latency", ">= 20x faster than Gloo"] == "met"
+    assert verdict["any collective vs Gloo", ">= 3x busbw at every size"] == "not met"
+    assert verdict["broadcast, 2 ranks", ">= 1.0x MPICH busbw at >= 1 MiB"] == "no data"
+    assert any("worst 1.20x at 32 MiB" in line for line in lines)
