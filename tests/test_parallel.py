@@ -112,7 +112,7 @@ def test_strategy_equals_serial_local(strategy, n):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_strategy_equals_serial_shm(strategy, n):
     check_run(strategy, BASE, n, "shm")
