@@ -21,7 +21,7 @@ from colls.launcher import find_mpiexec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and find_mpiexec() is not None
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
+NOT_INSTALLED = "{} is not installed (it comes with the optional bench extra)"
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec (pip install 'colls[mpi]')")
 RECORD_FIELDS = {"collective", "implementation", "algorithm", "transport", "ranks", "dtype", "op", "bytes",
                  "count_in", "count_out", "iterations", "time_median_s", "time_min_s", "algbw_GBps",
@@ -159,8 +159,8 @@ def test_memory_stays_flat_over_1000_all_reduces(tmp_path):
 @needs_mpi
 @pytest.mark.mpi
 @pytest.mark.timeout(90)
-@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (the optional bench extra)")
 def test_gloo_baseline_beside_colls(tmp_path):
+    pytest.importorskip("torch.distributed", exc_type=ImportError, reason=NOT_INSTALLED.format("torch"))
     result = colls_bench("-n", "2", "-c", "all_reduce,all_gather", "-b", "1K", "-e", "1K", "-w", "1",
                          "--iters", "3", "--baselines", "gloo", "--json", "g.json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -173,8 +173,8 @@ def test_gloo_baseline_beside_colls(tmp_path):
 @needs_mpi
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib is not installed")
 def test_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", exc_type=ImportError, reason=NOT_INSTALLED.format("matplotlib"))
     result = colls_bench("-n", "2", "-b", "8", "-e", "64", "-w", "1", "--iters", "2", "--baselines", "mpi",
                          "--plot", "p.png", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
