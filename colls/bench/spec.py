@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -100,7 +100,6 @@ class Spec:
     memcheck: bool = False
     memcheck_calls: int = 1000
     records_path: str = ""
-    notes: list[str] = field(default_factory=list)
 
     def save(self, path: str) -> None:
         """Write the spec as JSON for the ranks."""
