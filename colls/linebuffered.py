@@ -38,6 +38,17 @@ def _relay(fd: int, prefix: bytes) -> tuple[int, threading.Thread]:
     return original, thread
 
 
+def run_program(arguments: list[str]) -> None:
+    """Run `script.py args…` or `-m module args…` as `__main__`, as `python` itself would."""
+    if arguments[0] == "-m":
+        sys.argv = arguments[1:]
+        runpy.run_module(arguments[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = arguments
+        sys.path[0] = os.path.dirname(os.path.abspath(arguments[0]))
+        runpy.run_path(arguments[0], run_name="__main__")
+
+
 def main() -> None:
     """Relay stdout and stderr with the rank's prefix, run the program as `__main__`, then drain."""
     arguments = sys.argv[1:]
@@ -47,13 +58,7 @@ def main() -> None:
                  if v in os.environ), "?")
     relays = [(fd, *_relay(fd, f"[{rank}] ".encode())) for fd in (1, 2)]
     try:
-        if arguments[0] == "-m":
-            sys.argv = arguments[1:]
-            runpy.run_module(arguments[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = arguments
-            sys.path[0] = os.path.dirname(os.path.abspath(arguments[0]))   # as `python script.py` would
-            runpy.run_path(arguments[0], run_name="__main__")
+        run_program(arguments)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

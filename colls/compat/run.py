@@ -5,9 +5,9 @@ starts every rank through this module; under `mpiexec` it works the same way.
 
 from __future__ import annotations
 
-import os
-import runpy
 import sys
+
+from colls.linebuffered import run_program
 
 
 def _keep_real_mpi4py_for_colls() -> None:
@@ -39,13 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     from colls.compat import install
 
     install()
-    if arguments[0] == "-m":
-        sys.argv = arguments[1:]
-        runpy.run_module(arguments[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = arguments
-        sys.path[0] = os.path.dirname(os.path.abspath(arguments[0]))   # as `python script.py` would
-        runpy.run_path(arguments[0], run_name="__main__")
+    run_program(arguments)
 
 
 if __name__ == "__main__":
