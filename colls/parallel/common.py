@@ -17,7 +17,12 @@ from .data import global_batch, shard_rows
 from .model import Model, ModelConfig
 from .optim import make_optimizer
 
-STRATEGIES = ("serial", "ps", "ddp", "zero1", "zero2", "zero3")
+DATA_PARALLEL = ("serial", "ps", "ddp", "zero1", "zero2", "zero3")
+# model-parallel strategies -> the module of colls.parallel that implements them (issue 7); each
+# module provides train(comm, setup) -> RunResult and report/format_lines/problems/plot (see train.py)
+MODEL_PARALLEL = {"gpipe": "pipeline", "1f1b": "pipeline", "interleaved": "pipeline", "tp": "tensor",
+                  "ep": "expert", "dp_tp": "tensor", "pp_ep": "hybrid", "3d": "hybrid"}
+STRATEGIES = DATA_PARALLEL + tuple(MODEL_PARALLEL)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,13 @@ class Setup:
     bucket_bytes: int = 25 * 2**20  # DDP bucket cap (25 MB as in PyTorch DDP)
     first_bucket_bytes: int = 2**20  # DDP's first (last-layer) bucket is small: 1 MB
     algorithm: str = "ring"         # all_reduce algorithm for ddp (any of colls.algorithms("all_reduce"))
+    # model parallelism (issue 7): grid sizes (TP innermost, then DP, PP outermost, as Megatron)
+    dp: int = 1                     # data-parallel replicas
+    tp: int = 1                     # tensor-parallel ranks per layer
+    pp: int = 1                     # pipeline stages
+    ep: int = 1                     # expert-parallel ranks (experts spread over them)
+    micro_batches: int = 4          # pipeline: micro-batches per mini-batch (m)
+    chunks: int = 1                 # interleaved pipeline: model chunks per rank (v)
 
     @property
     def compute_dtype(self) -> np.dtype:

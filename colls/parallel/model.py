@@ -33,6 +33,12 @@ class ModelConfig:
     blocks: int = 2
     seq_len: int = 8
     mlp_ratio: int = 4
+    # mixture of experts (issue 7, strategy ep): experts > 0 turns every MLP into an MoE block
+    experts: int = 0
+    top_k: int = 1                  # experts per token (1 or 2)
+    capacity_factor: float = 1.0    # C: expert capacity ceil(C * T / E) * k tokens
+    aux_alpha: float = 0.01         # weight of the load-balancing loss alpha * E * sum f_i P_i
+    router: str = "learned"         # "learned", or "uniform" (every expert equally likely)
 
     def layers(self) -> list:
         """The layers in forward order."""

@@ -7,12 +7,13 @@ and memory beside the formulas of `accounting`, and (`--check-serial`) the dista
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 import numpy as np
 
 from .accounting import Bytes, state_formula, volume_formula, volume_slack
-from .common import STRATEGIES, RunResult, Setup
+from .common import MODEL_PARALLEL, STRATEGIES, RunResult, Setup
 from .ddp import train_ddp
 from .model import ModelConfig
 from .ps import train_ps
@@ -22,6 +23,18 @@ from .zero import train_zero1, train_zero2, train_zero3
 LOOPS = {"ps": train_ps, "ddp": train_ddp, "zero1": train_zero1, "zero2": train_zero2, "zero3": train_zero3}
 
 
+def strategy_module(strategy: str):
+    """The module of a model-parallel strategy. It provides
+        train(comm, setup) -> RunResult      the per-rank loop (RunResult.params: the full parameters
+                                             in the serial layout, gathered, so serial_difference works)
+        report(strategy, setup, results) -> dict   what it measured beside its formulas (JSON-ready)
+        format_lines(part) -> list[str]      those figures for the terminal
+        problems(part) -> list[str]          measured-vs-formula failures (colls train exits 1)
+        plot(part, path) -> None             the --plot picture (optional)
+        world_size(strategy, setup) -> int   the ranks its grid needs (the default of -n)"""
+    return importlib.import_module(f"{__package__}.{MODEL_PARALLEL[strategy]}")
+
+
 def run(strategy: str, setup: Setup, nprocs: int, transport: str = "local",
         timeout: float | None = None) -> list[RunResult]:
     """Train with `strategy` on `nprocs` ranks (threads for local, processes for shm); per-rank results."""
@@ -29,9 +42,13 @@ def run(strategy: str, setup: Setup, nprocs: int, transport: str = "local",
 
     if strategy == "serial":
         return [train_serial(setup)]
-    if strategy not in LOOPS:
+    if strategy in MODEL_PARALLEL:
+        loop = strategy_module(strategy).train
+    elif strategy in LOOPS:
+        loop = LOOPS[strategy]
+    else:
         raise ValueError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    return colls.spawn(LOOPS[strategy], nprocs, transport=transport, args=(setup,), timeout=timeout)
+    return colls.spawn(loop, nprocs, transport=transport, args=(setup,), timeout=timeout)
 
 
 def serial_difference(results: list[RunResult], serial: RunResult) -> dict[str, float | bool]:
@@ -46,7 +63,6 @@ def build_report(strategy: str, setup: Setup, results: list[RunResult],
     """Everything `colls train` prints, as one JSON-ready dict."""
     n, psi = results[0].size, results[0].parameters
     sizes = Bytes.of_setup(setup)
-    volume = volume_formula(strategy, psi, n, sizes.grads)
     steps = []
     for index in range(len(results[0].steps)):
         records = [r.steps[index] for r in results]
@@ -55,26 +71,35 @@ def build_report(strategy: str, setup: Setup, results: list[RunResult],
                "bytes_received_per_rank": [r.bytes_received for r in records],
                "calls": {name: c["calls"] for name, c in records[0].by_collective.items()}}
         steps.append(row)
+    report = {"strategy": strategy, "ranks": n, "parameters": psi, "bytes_per_value": sizes.grads,
+              "setup": {"model": vars(setup.model), "steps": setup.steps, "batch": setup.batch,
+                        "optimizer": setup.optimizer, "dtype": setup.dtype, "mixed": setup.mixed,
+                        "dp": setup.dp, "tp": setup.tp, "pp": setup.pp, "ep": setup.ep,
+                        "micro_batches": setup.micro_batches, "chunks": setup.chunks},
+              "steps": steps}
+    if serial is not None:
+        report["serial_difference"] = serial_difference(results, serial)
+    if strategy in MODEL_PARALLEL:
+        report["details"] = strategy_module(strategy).report(strategy, setup, results)
+        return report
+    volume = volume_formula(strategy, psi, n, sizes.grads)
     memory = []
     for result in results[: 2 if strategy == "ps" else 1]:   # ps: the server and one worker
         formula = state_formula(strategy, psi, n, sizes, result.rank)
         memory.append({"rank": result.rank, "measured": result.state_bytes, "formula": formula,
                        "peak_transient": result.peak_transient_bytes})
-    report = {"strategy": strategy, "ranks": n, "parameters": psi, "bytes_per_value": sizes.grads,
-              "sizes": {"P": sizes.params, "G": sizes.grads, "K": sizes.optimizer},
-              "setup": {"model": vars(setup.model), "steps": setup.steps, "batch": setup.batch,
-                        "optimizer": setup.optimizer, "dtype": setup.dtype, "mixed": setup.mixed},
-              "volume_formula": volume, "steps": steps, "memory": memory}
+    report.update({"sizes": {"P": sizes.params, "G": sizes.grads, "K": sizes.optimizer},
+                   "volume_formula": volume, "memory": memory})
     if strategy == "ddp":
         report["buckets"] = len(results[0].extra["buckets"])
-    if serial is not None:
-        report["serial_difference"] = serial_difference(results, serial)
     return report
 
 
 def format_report(report: dict) -> str:
     """The human-readable report."""
     strategy, n = report["strategy"], report["ranks"]
+    if "details" in report:
+        return format_model_parallel(report)
     volume = report["volume_formula"]
     sizes = report["sizes"]
     lines = [f"colls train: {strategy} on {n} ranks, Ψ = {report['parameters']} parameters, "
@@ -96,16 +121,39 @@ def format_report(report: dict) -> str:
                                                                                    "optimizer"))
         lines.append(f"  memory rank {entry['rank']}: {parts}; total {sum(measured.values())} B "
                      f"(formula {sum(formula.values()):.0f}); peak temporaries {entry['peak_transient']} B")
-    if "serial_difference" in report:
-        diff = report["serial_difference"]
-        lines.append(f"  vs serial: max |Δparam| = {diff['max_abs']:.3e} (relative {diff['relative']:.3e}); "
-                     f"ranks identical: {diff['identical_across_ranks']}")
+    lines += serial_lines(report)
+    return "\n".join(lines)
+
+
+def serial_lines(report: dict) -> list[str]:
+    """The --check-serial line, if it was asked for."""
+    if "serial_difference" not in report:
+        return []
+    diff = report["serial_difference"]
+    return [f"  vs serial: max |Δparam| = {diff['max_abs']:.3e} (relative {diff['relative']:.3e}); "
+            f"ranks identical: {diff['identical_across_ranks']}"]
+
+
+def format_model_parallel(report: dict) -> str:
+    """The report of a model-parallel strategy: steps, then what its module measured."""
+    setup = report["setup"]
+    grid = " × ".join(f"{k.upper()} {setup[k]}" for k in ("dp", "tp", "pp", "ep") if setup[k] > 1)
+    lines = [f"colls train: {report['strategy']} on {report['ranks']} ranks ({grid or 'one rank'}), "
+             f"Ψ = {report['parameters']} parameters"]
+    for row in report["steps"]:
+        sent = row["bytes_sent_per_rank"]
+        lines.append(f"  step {row['step']:3d}  loss {row['loss']:.6f}  {row['seconds'] * 1e3:8.2f} ms  "
+                     f"sent/rank {min(sent)}..{max(sent)} B")
+    lines += strategy_module(report["strategy"]).format_lines(report["details"])
+    lines += serial_lines(report)
     return "\n".join(lines)
 
 
 def check_volume(report: dict, results: list[RunResult]) -> list[str]:
     """Problems where a measured volume is off its formula by more than the padding allows."""
     strategy, n = report["strategy"], report["ranks"]
+    if "details" in report:
+        return strategy_module(strategy).problems(report["details"])
     volume, problems = report["volume_formula"], []
     layers = len(ModelConfig(**report["setup"]["model"]).layers())
     for row in report["steps"]:
@@ -121,18 +169,21 @@ def check_volume(report: dict, results: list[RunResult]) -> list[str]:
 def setup_from_args(args: argparse.Namespace) -> Setup:
     """A `Setup` from the command-line flags."""
     model = ModelConfig(vocab=args.vocab, d_model=args.d_model, heads=args.heads, blocks=args.blocks,
-                        seq_len=args.seq_len)
+                        seq_len=args.seq_len, experts=args.experts, top_k=args.top_k,
+                        capacity_factor=args.capacity_factor, aux_alpha=args.aux_alpha, router=args.router)
     return Setup(model=model, steps=args.steps, batch=args.batch, seed=args.seed, optimizer=args.optimizer,
                  lr=args.lr, dtype=args.dtype, mixed=args.mixed, micro_steps=args.micro_steps,
                  bucket_bytes=int(args.bucket_mb * 2**20),
                  first_bucket_bytes=int(args.first_bucket_mb * 2**20),
-                 algorithm=args.algorithm)
+                 algorithm=args.algorithm, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
+                 micro_batches=args.micro_batches, chunks=args.chunks)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `colls train`."""
     parser.add_argument("--strategy", choices=STRATEGIES, required=True)
-    parser.add_argument("-n", "--nprocs", type=int, default=2, metavar="N", help="number of ranks")
+    parser.add_argument("-n", "--nprocs", type=int, default=None, metavar="N",
+                        help="number of ranks (default 2; model-parallel: what the grid needs)")
     parser.add_argument("--transport", choices=("local", "shm"), default="local",
                         help="local: ranks are threads; shm: processes over shared memory")
     parser.add_argument("--steps", type=int, default=5)
@@ -154,6 +205,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="ddp: bucket cap")
     parser.add_argument("--first-bucket-mb", type=float, default=1.0, help="ddp: first bucket cap")
     parser.add_argument("--algorithm", default="ring", help="ddp: all_reduce algorithm")
+    grid = parser.add_argument_group("model parallelism (gpipe, 1f1b, interleaved, tp, ep, dp_tp, pp_ep, 3d)")
+    grid.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    grid.add_argument("--tp", type=int, default=1, help="tensor-parallel size (innermost, consecutive ranks)")
+    grid.add_argument("--pp", type=int, default=1, help="pipeline stages (outermost)")
+    grid.add_argument("--ep", type=int, default=1, help="expert-parallel size")
+    grid.add_argument("--micro-batches", type=int, default=4, help="pipeline: micro-batches m per step")
+    grid.add_argument("--chunks", type=int, default=1, help="interleaved: model chunks v per rank")
+    grid.add_argument("--experts", type=int, default=0, help="MoE: experts E (0: dense MLPs)")
+    grid.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="MoE: experts per token")
+    grid.add_argument("--capacity-factor", type=float, default=1.0, help="MoE: capacity factor C")
+    grid.add_argument("--aux-alpha", type=float, default=0.01, help="MoE: load-balancing loss weight")
+    grid.add_argument("--router", choices=("learned", "uniform"), default="learned",
+                      help="MoE: learned router, or a forced uniform one")
+    grid.add_argument("--plot", metavar="FILE.png", help="pipeline: schedule timeline; ep: expert load")
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -161,7 +226,15 @@ def train_command(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     if args.d_model % args.heads:
         args.parser.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
-    results = run(args.strategy, setup, args.nprocs, args.transport)
+    nprocs = args.nprocs
+    if args.strategy in MODEL_PARALLEL:
+        module = strategy_module(args.strategy)
+        needed = module.world_size(args.strategy, setup)
+        if nprocs is not None and nprocs != needed:
+            args.parser.error(f"-n {nprocs}: --strategy {args.strategy} with --dp {setup.dp} --tp {setup.tp} "
+                              f"--pp {setup.pp} --ep {setup.ep} needs {needed} ranks")
+        nprocs = needed
+    results = run(args.strategy, setup, 2 if nprocs is None else nprocs, args.transport)
     serial = train_serial(setup) if args.check_serial else None
     report = build_report(args.strategy, setup, results, serial)
     problems = check_volume(report, results)
@@ -172,4 +245,9 @@ def train_command(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=2)
+    if args.plot:
+        if "details" not in report or not hasattr(strategy_module(args.strategy), "plot"):
+            args.parser.error(f"--plot: strategy {args.strategy} draws no picture")
+        strategy_module(args.strategy).plot(report["details"], args.plot)
+        print(f"  picture: {args.plot}")
     return 1 if problems else 0
