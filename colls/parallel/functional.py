@@ -8,6 +8,8 @@ Shoeybi et al. 2019) can run it on its own slice of the heads.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 LAYER_NORM_EPS = 1e-5
@@ -110,3 +112,51 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray, scale: float):
     np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1.0,
                       axis=-1)
     return float(loss), dlogits * scale
+
+
+# -- mixture of experts (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021) --
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    shifted = np.exp(x - x.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def softmax_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """dx of y = softmax(x)."""
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def expert_capacity(capacity_factor: float, group_tokens: int, experts: int, top_k: int) -> int:
+    """Tokens one expert takes from one group: ceil(C * T / E) * k (GShard; Switch with k = 1)."""
+    return math.ceil(capacity_factor * group_tokens / experts) * top_k
+
+
+def experts_forward(w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray, rows: np.ndarray,
+                    counts) -> tuple[np.ndarray, list]:
+    """Expert MLPs GeLU(x @ W1[e] + b1[e]) @ W2[e] + b2[e] on `rows` sorted by expert, `counts[e]`
+    rows for the e-th expert of the stacked weights; (outputs in the same order, cache)."""
+    out = np.empty_like(rows)
+    cache, start = [], 0
+    for e, count in enumerate(counts):
+        stop = start + int(count)
+        z = linear_forward(rows[start:stop], w1[e], b1[e])
+        a, gelu_cache = gelu_forward(z)
+        out[start:stop] = linear_forward(a, w2[e], b2[e])
+        cache.append((start, stop, a, gelu_cache))
+        start = stop
+    return out, [rows, cache]
+
+
+def experts_backward(dout: np.ndarray, cache, w1: np.ndarray, w2: np.ndarray, g: dict[str, np.ndarray]
+                     ) -> np.ndarray:
+    """Accumulate the experts' g["w1"], g["b1"], g["w2"], g["b2"]; return d rows."""
+    rows, parts = cache
+    drows = np.empty_like(rows)
+    for e, (start, stop, a, gelu_cache) in enumerate(parts):
+        if stop == start:
+            continue
+        da = linear_backward(dout[start:stop], a, w2[e], g["w2"][e], g["b2"][e])
+        dz = gelu_backward(da, gelu_cache)
+        drows[start:stop] = linear_backward(dz, rows[start:stop], w1[e], g["w1"][e], g["b1"][e])
+    return drows

@@ -1,6 +1,7 @@
 """A small GPT-style model whose parameters live in one flat buffer, with a hand-written backward.
 
     embedding -> [attention block, MLP block] x blocks -> head (LN, projection) -> cross-entropy
+    (with `experts` > 0 each MLP block is an MoE block whose load-balancing term joins the loss)
 
 Every layer owns one contiguous *segment* of the flat buffer and each tensor is a view into it,
 so a collective moves a layer, a bucket or the whole model without a copy (DDP's flat buckets and
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
-from .layers import MLP, Attention, Embedding, Head
+from .layers import MLP, Attention, Embedding, Head, MoE
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,11 @@ class ModelConfig:
         stack: list = [Embedding(self.vocab, self.d_model, self.seq_len)]
         for b in range(self.blocks):
             stack.append(Attention(self.d_model, self.heads, name=f"attention{b}"))
-            stack.append(MLP(self.d_model, self.mlp_ratio * self.d_model, name=f"mlp{b}"))
+            if self.experts:
+                stack.append(MoE(self.d_model, self.mlp_ratio * self.d_model, self.experts, self.top_k,
+                                 self.capacity_factor, self.aux_alpha, self.router, name=f"moe{b}"))
+            else:
+                stack.append(MLP(self.d_model, self.mlp_ratio * self.d_model, name=f"mlp{b}"))
         stack.append(Head(self.d_model, self.vocab))
         return stack
 
@@ -102,12 +107,14 @@ LayerHook = Callable[[int], None]
 
 
 class Model:
-    """The layers, their layout and forward/backward over flat buffers; compute in `dtype`."""
+    """The layers, their layout and forward/backward over flat buffers; compute in `dtype`.
+    `layers` replaces `config.layers()` (expert parallelism passes its own MoE blocks)."""
 
-    def __init__(self, config: ModelConfig, dtype=np.float64, align: int = 1) -> None:
+    def __init__(self, config: ModelConfig, dtype=np.float64, align: int = 1,
+                 layers: list | None = None) -> None:
         self.config = config
         self.dtype = np.dtype(dtype)
-        self.layers = config.layers()
+        self.layers = config.layers() if layers is None else layers
         self.layout = Layout(self.layers, align)
 
     def init_params(self, seed: int, dtype=None) -> np.ndarray:
@@ -120,6 +127,8 @@ class Model:
             for name, shape, init in layer.specs:
                 if init == "normal":
                     views[name][...] = rng.standard_normal(shape) / np.sqrt(shape[0])
+                elif init == "experts":   # stacked experts (E, fan_in, fan_out)
+                    views[name][...] = rng.standard_normal(shape) / np.sqrt(shape[1])
                 elif init == "ones":
                     views[name][...] = 1.0
         return flat
@@ -138,17 +147,23 @@ class Model:
 
     def forward(self, params: ParamSource, tokens: np.ndarray, targets: np.ndarray, scale: float,
                 release: LayerHook | None = None):
-        """(loss, caches): loss = scale * summed cross-entropy; `release(i)` after layer i ran."""
+        """(loss, caches): loss = scale * summed cross-entropy (+ the MoE blocks' load-balancing
+        terms); `release(i)` after layer i ran."""
         caches = []
         x = tokens
+        extra = []
         for index, layer in enumerate(self.layers):
-            x, cache = layer.forward(self._compute(params(index)), x)
+            if getattr(layer, "adds_loss", False):   # an MoE block: its own term of the loss
+                x, cache = layer.forward(self._compute(params(index)), x, scale)
+                extra.append(cache.loss)
+            else:
+                x, cache = layer.forward(self._compute(params(index)), x)
             caches.append(cache)
             if release is not None:
                 release(index)
         loss, dlogits = F.cross_entropy(x, targets, scale)
         caches.append(dlogits)
-        return loss, caches
+        return (loss + sum(extra) if extra else loss), caches
 
     def backward(self, params: ParamSource, grads: GradSink, caches: list,
                  done: LayerHook | None = None) -> None:
