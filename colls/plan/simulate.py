@@ -1,0 +1,138 @@
+"""Run registered algorithms, unchanged, on symbolic buffers over the `sim` transport.
+
+`simulate` times one collective call (every rank, or every group of a partition of the ranks at
+once, so that concurrent groups contend for the same links); `hierarchical_all_reduce` composes
+registered algorithms over sim sub-groups: reduce-scatter inside each node, all-reduce across nodes
+among the ranks with the same local rank, all-gather inside the node (as NCCL's and Horovod's
+hierarchical all-reduce).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from algorithms import SUM, lookup
+from algorithms.blocks import offsets
+from transports.base import COLLECTIVE_TAG_BASE, Channel
+from transports.sim import SimTransport, SimWorld, symbolic
+
+ROOTED = {"broadcast", "reduce", "gather", "scatter"}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One simulated call: the predicted seconds (slowest rank), messages, and what it cost to run."""
+
+    collective: str
+    algorithm: str
+    size: int
+    nbytes: int
+    seconds: float
+    messages: int
+    wall_seconds: float
+
+
+def arguments(collective: str, rank: int, size: int, nbytes: int, dtype=np.float32,
+              root: int = 0, make: Callable = symbolic) -> tuple:
+    """Arguments of one rank's call, buffers from `make(count, dtype)` (symbolic by default);
+    `nbytes` is S as `algorithms.cost` counts it."""
+    itemsize = np.dtype(dtype).itemsize
+    count = nbytes // itemsize
+    block = count // size
+
+    def buf(n: int):
+        return make(n, dtype)
+
+    if collective == "all_reduce":
+        return buf(count), SUM
+    if collective == "broadcast":
+        return buf(count), root
+    if collective == "reduce":
+        return buf(count), SUM, root
+    if collective == "all_gather":
+        return buf(block), buf(block * size)
+    if collective == "reduce_scatter":
+        return buf(block * size), buf(block), SUM
+    if collective == "all_to_all":
+        return buf(block * size), buf(block * size)
+    if collective == "all_to_all_v":
+        counts = [block] * size
+        return buf(block * size), counts, offsets(counts), buf(block * size), counts, offsets(counts)
+    if collective == "gather":
+        return buf(block), buf(block * size) if rank == root else None, root
+    if collective == "scatter":
+        return buf(block * size) if rank == root else None, buf(block), root
+    if collective == "barrier":
+        return ()
+    raise ValueError(f"colls plan cannot simulate {collective!r}")
+
+
+def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbytes: int,
+                  dtype=np.float32, root: int = 0) -> None:
+    """One rank's call of the registered `algorithm` of `collective` on symbolic buffers."""
+    algo = lookup(collective, algorithm)
+    channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})")
+    algo.run(channel, *arguments(collective, transport.rank, transport.size, nbytes, dtype, root))
+
+
+def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: int,
+                            inter_algorithm: str = "ring", dtype=np.float32) -> None:
+    """Reduce-scatter in the node, all-reduce of the shard across nodes, all-gather in the node."""
+    rank, size = transport.rank, transport.size
+    node, local = divmod(rank, local_size)
+    intra = transport.subgroup([node * local_size + i for i in range(local_size)], None)
+    inter = transport.subgroup([k * local_size + local for k in range(size // local_size)], None)
+    block = nbytes // np.dtype(dtype).itemsize // local_size
+    buf, shard = symbolic(block * local_size, dtype), symbolic(block, dtype)
+    tag = COLLECTIVE_TAG_BASE
+    # 1. inside the node: rank `local` ends with the node's sum of block `local`
+    lookup("reduce_scatter", "ring").run(Channel(intra, tag, math.inf, "hier rs"), buf, shard, SUM)
+    # 2. across nodes: the ranks holding the same block all-reduce it (each NIC carries 1/local)
+    lookup("all_reduce", inter_algorithm).run(Channel(inter, tag, math.inf, "hier ar"), shard, SUM)
+    # 3. inside the node: every rank gathers the node's blocks
+    lookup("all_gather", "ring").run(Channel(intra, tag, math.inf, "hier ag"), shard, buf)
+
+
+def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,
+              copy_seconds_per_byte: float = 0.0, slowdown: dict[int, float] | None = None,
+              what: tuple[str, str, int] = ("", "", 0)) -> Result:
+    """Run `body` on every rank of a fresh `SimWorld`; the result's time is the slowest rank's."""
+    world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown)
+    start = time.perf_counter()
+    world.run(body)
+    wall = time.perf_counter() - start
+    collective, algorithm, nbytes = what
+    return Result(collective, algorithm, size, nbytes, max(world.finish_times), world.messages, wall)
+
+
+def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, gamma: float = 0.0,
+             copy_seconds_per_byte: float = 0.0, groups: list[list[int]] | None = None,
+             slowdown: dict[int, float] | None = None, dtype=np.float32, root: int = 0) -> Result:
+    """Predicted time of one call on `size` ranks over `network`; with `groups` (a partition of the
+    ranks, `groups[r]` the group of rank r), every group makes the call at the same time."""
+
+    def body(transport: SimTransport) -> None:
+        if groups is not None:
+            transport = transport.subgroup(groups[transport.rank], None)
+        run_algorithm(transport, collective, algorithm, nbytes, dtype, root)
+
+    return run_world(size, network, body, gamma, copy_seconds_per_byte, slowdown,
+                     (collective, algorithm, nbytes))
+
+
+def simulate_hierarchical(nbytes: int, network, size: int, local_size: int, inter_algorithm: str = "ring",
+                          gamma: float = 0.0, slowdown: dict[int, float] | None = None) -> Result:
+    """Predicted time of one hierarchical all-reduce of `nbytes` on `size` ranks, `local_size` a node."""
+    if size % local_size:
+        raise ValueError(f"{size} ranks do not split into nodes of {local_size}")
+
+    def body(transport: SimTransport) -> None:
+        hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm)
+
+    return run_world(size, network, body, gamma, slowdown=slowdown,
+                     what=("all_reduce", f"hierarchical/{inter_algorithm}", nbytes))

@@ -1,0 +1,247 @@
+"""The `sim` transport: same code path as a real run, textbook costs, link contention, speed."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from algorithms import CATALOGUE, SUM, lookup
+from colls.plan.simulate import arguments, run_algorithm, simulate, simulate_hierarchical
+from colls.plan.topology import Cluster
+from transports.base import COLLECTIVE_TAG_BASE, Channel, Transport
+from transports.local import LocalWorld
+from transports.sim import IdealNetwork, SimulationFailed, SimWorld, symbolic
+
+ALPHA, BETA, GAMMA = 10e-6, 1e-9, 0.25e-9   # 10 us, 1 GB/s, 4 GB/s reductions
+
+
+class Recording(Transport):
+    """Wraps a real or simulated transport and logs every posted send and receive: (verb, peer, bytes)."""
+
+    def __init__(self, inner: Transport, log: list) -> None:
+        self.inner, self.log = inner, log
+        self.name, self.rank, self.size = inner.name, inner.rank, inner.size
+
+    def isend(self, buf, peer, tag):
+        self.log.append(("send", peer, buf.nbytes))
+        return self.inner.isend(buf, peer, tag)
+
+    def irecv(self, buf, peer, tag):
+        self.log.append(("recv", peer, buf.nbytes))
+        return self.inner.irecv(buf, peer, tag)
+
+    def irecv_reduce(self, buf, peer, tag, reducer):
+        self.log.append(("recv_reduce", peer, buf.nbytes))
+        return self.inner.irecv_reduce(buf, peer, tag, reducer)
+
+    def wait_all(self, requests, deadline):
+        self.inner.wait_all(requests, deadline)
+
+    def subgroup(self, ranks, exchange):
+        inner = self.inner.subgroup(ranks, exchange)
+        return None if inner is None else Recording(inner, self.log)
+
+
+def real_buffer(count: int, dtype) -> np.ndarray:
+    return (np.arange(count) % 7 + 1).astype(dtype)
+
+
+def local_trace(collective: str, algorithm: str, size: int, nbytes: int) -> list[list]:
+    """Each rank's (verb, peer, bytes) sequence in a real run on the thread transport."""
+    world, logs, errors = LocalWorld(size), [[] for _ in range(size)], []
+
+    def rank_main(rank: int) -> None:
+        try:
+            channel = Channel(Recording(world.transport(rank), logs[rank]), COLLECTIVE_TAG_BASE,
+                              time.monotonic() + 60, collective)
+            lookup(collective, algorithm).run(channel, *arguments(collective, rank, size, nbytes,
+                                                                  make=real_buffer))
+        except BaseException as error:
+            errors.append(error)
+            world.mark_lost(rank, repr(error))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return logs
+
+
+def sim_trace(collective: str, algorithm: str, size: int, nbytes: int) -> list[list]:
+    """The same sequences under `sim`, with symbolic buffers."""
+    logs = [[] for _ in range(size)]
+    world = SimWorld(size, IdealNetwork(size, ALPHA, BETA), GAMMA)
+    world.run(lambda t: run_algorithm(Recording(t, logs[t.rank]), collective, algorithm, nbytes))
+    return logs
+
+
+EVERY_ALGORITHM = [(c, a) for c in sorted(CATALOGUE) for a in CATALOGUE[c]]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collective,algorithm", EVERY_ALGORITHM)
+def test_same_sends_and_receives_as_a_real_run(collective, algorithm):
+    for size in (1, 2, 3, 4, 5, 8):
+        for count in (0, 24, 120 * size):
+            nbytes = count * 4 * (1 if collective in ("all_reduce", "broadcast", "reduce") else size)
+            assert sim_trace(collective, algorithm, size, nbytes) == \
+                local_trace(collective, algorithm, size, nbytes), (size, count)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("collective,algorithm", [("all_reduce", "tree"), ("broadcast", "pipeline")])
+def test_same_code_path_for_pipelined_pieces(collective, algorithm):
+    nbytes = 600 << 10   # three 256 KiB pieces
+    assert sim_trace(collective, algorithm, 3, nbytes) == local_trace(collective, algorithm, 3, nbytes)
+
+
+def ideal(collective: str, algorithm: str, p: int, nbytes: int) -> float:
+    return simulate(collective, algorithm, nbytes, IdealNetwork(p, ALPHA, BETA), p, GAMMA).seconds
+
+
+def lg(p: int) -> int:
+    return math.ceil(math.log2(p))
+
+
+# Thakur, Rabenseifner & Gropp (2005), on a network where every rank has its own full-duplex link
+TEXTBOOK = {
+    ("all_reduce", "ring"):
+        lambda p, n: 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA,
+    ("all_reduce", "recursive_doubling"): lambda p, n: lg(p) * (ALPHA + n * BETA + n * GAMMA),
+    ("all_reduce", "rabenseifner"):
+        lambda p, n: 2 * lg(p) * ALPHA + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA,
+    ("broadcast", "binomial"): lambda p, n: lg(p) * (ALPHA + n * BETA),
+    # n: the bytes each rank sends to the others, (p-1)/p of its buffer
+    ("all_to_all", "pairwise"): lambda p, n: (p - 1) * ALPHA + (p - 1) / p * n * BETA,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("collective,algorithm", sorted(TEXTBOOK))
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+@pytest.mark.parametrize("nbytes", [1024 * 16, 16 << 20])
+def test_textbook_costs_on_an_ideal_network(collective, algorithm, p, nbytes):
+    predicted = TEXTBOOK[(collective, algorithm)](p, nbytes)
+    assert ideal(collective, algorithm, p, nbytes) == pytest.approx(predicted, rel=0.01)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("p", [3, 5, 6])
+def test_textbook_costs_at_other_sizes(p):
+    n = 48 << 10
+    ring = TEXTBOOK[("all_reduce", "ring")](p, n)
+    assert ideal("all_reduce", "ring", p, n) == pytest.approx(ring, rel=0.01)
+    assert ideal("broadcast", "binomial", p, n) == pytest.approx(lg(p) * (ALPHA + n * BETA), rel=0.01)
+
+
+def cross_leaf_ring(p: int, oversubscription: float, interleaved: bool) -> float:
+    """A ring all-reduce on p one-GPU nodes under two leaves; interleaved: every hop crosses leaves."""
+    cluster = Cluster(nodes=p, ranks_per_node=1, nics_per_node=1, nic_bandwidth=1 / BETA, nic_latency=ALPHA,
+                      switch_latency=0.0, nodes_per_leaf=p // 2, oversubscription=oversubscription,
+                      reduce_bandwidth=1 / GAMMA)
+    slots = [i // 2 + (i % 2) * (p // 2) for i in range(p)] if interleaved else None
+    return simulate("all_reduce", "ring", 64 << 20, cluster.network(slots), p, cluster.gamma).seconds
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_oversubscribed_leaf_spine_slows_a_cross_leaf_ring_by_the_ratio(ratio):
+    p, n = 16, 64 << 20
+    # every leaf uplink carries p/2 flows and has p/2 NICs' worth of bandwidth / ratio: each flow gets 1/ratio
+    predicted = 2 * (p - 1) * ALPHA + 2 * (p - 1) / p * n * BETA * ratio + (p - 1) / p * n * GAMMA
+    assert cross_leaf_ring(p, ratio, interleaved=True) == pytest.approx(predicted, rel=0.01)
+    extra = cross_leaf_ring(p, ratio, True) - cross_leaf_ring(p, 1, True)
+    bandwidth_term = extra / (2 * (p - 1) / p * n * BETA)
+    assert bandwidth_term == pytest.approx(ratio - 1, rel=0.01)
+    # placed in rank order only two flows cross the spine: the oversubscription costs nothing
+    in_order = cross_leaf_ring(p, ratio, interleaved=False)
+    assert in_order == pytest.approx(cross_leaf_ring(p, 1, interleaved=False), rel=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_receivers_share_their_link_fairly():
+    # parameter server: p-1 workers push into rank 0's one link at once, then it answers one at a time
+    p, n = 5, 8 << 20
+    seconds = ideal("all_reduce", "ps", p, n)
+    # the pushes take (p-1)·n·β together (shared link), the reductions (p-1)·n·γ, the answers (p-1)(α+nβ)
+    assert seconds >= (p - 1) * n * BETA + (p - 1) * (ALPHA + n * BETA)
+    assert seconds == pytest.approx(2 * (p - 1) * (ALPHA + n * BETA) + (p - 1) * n * GAMMA, rel=0.05)
+
+
+@pytest.mark.timeout(30)
+def test_a_straggler_rank_and_a_slow_link_slow_the_ring():
+    cluster = Cluster(nodes=4)
+    fast = simulate("all_reduce", "ring", 64 << 20, cluster.network(), cluster.size, cluster.gamma).seconds
+    slow_rank = simulate("all_reduce", "ring", 64 << 20, cluster.network(), cluster.size, cluster.gamma,
+                         slowdown={5: 100.0}).seconds
+    slow = Cluster(nodes=4, slow_links={"node1.nic0.in": 4.0})
+    slow_link = simulate("all_reduce", "ring", 64 << 20, slow.network(), slow.size, slow.gamma).seconds
+    assert slow_rank > 1.2 * fast and slow_link > 1.5 * fast
+
+
+@pytest.mark.timeout(30)
+def test_symbolic_buffers_cost_no_memory():
+    huge = symbolic(1 << 40, np.float32)   # 4 TiB
+    assert huge.nbytes == 4 << 40 and huge[10:20].nbytes == 40
+    assert np.empty_like(huge[: 1 << 30]).nbytes == 4 << 30
+    result = simulate("all_reduce", "recursive_doubling", 1 << 40, IdealNetwork(4, ALPHA, BETA), 4, GAMMA)
+    assert result.seconds == pytest.approx(2 * (ALPHA + (1 << 40) * (BETA + GAMMA)), rel=1e-6)
+
+
+@pytest.mark.timeout(30)
+def test_real_buffers_are_delivered_and_reduced():
+    world = SimWorld(4, IdealNetwork(4, ALPHA, BETA), GAMMA)
+
+    def body(transport):
+        buf = np.full(6, transport.rank + 1.0)
+        lookup("all_reduce", "rabenseifner").run(Channel(transport, 1, math.inf, "t"), buf, SUM)
+        return buf
+
+    assert all((out == 10.0).all() for out in world.run(body))
+
+
+@pytest.mark.timeout(30)
+def test_a_deadlock_is_reported_not_hung():
+    world = SimWorld(2, IdealNetwork(2, ALPHA, BETA))
+
+    def body(transport):
+        channel = Channel(transport, 1, math.inf, "t")
+        channel.wait(channel.recv(np.zeros(1), 1 - transport.rank))   # both receive, nobody sends
+
+    with pytest.raises(SimulationFailed, match="deadlock"):
+        world.run(body)
+
+
+@pytest.mark.timeout(60)
+def test_hierarchical_all_reduce_runs_over_sim_subgroups_and_beats_a_flat_ring_across_nodes():
+    cluster = Cluster(nodes=4, nodes_per_leaf=2, oversubscription=2)
+    nbytes = 256 << 20
+    flat = simulate("all_reduce", "ring", nbytes, cluster.network(), cluster.size, cluster.gamma)
+    hier = simulate_hierarchical(nbytes, cluster.network(), cluster.size, 8, "ring", cluster.gamma)
+    assert hier.seconds < flat.seconds
+    # each NIC carries 2(k-1)/k of 1/8 of the buffer across k = 4 nodes: at 50 GB/s that bounds it below
+    assert hier.seconds > 2 * 3 / 4 * nbytes / 8 / cluster.nic_bandwidth
+
+
+@pytest.mark.timeout(120)
+def test_simulation_speed_small():
+    start = time.perf_counter()
+    simulate("all_reduce", "ring", 1 << 30, IdealNetwork(128, ALPHA, BETA), 128, GAMMA)
+    simulate("all_reduce", "tree", 1024, IdealNetwork(128, ALPHA, BETA), 128, GAMMA)
+    assert time.perf_counter() - start < 30
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.environ.get("COLLS_SIM_SPEED") != "1", reason="speed check: COLLS_SIM_SPEED=1")
+@pytest.mark.parametrize("algorithm,nbytes", [("ring", 1 << 30), ("tree", 1024)])
+def test_simulation_speed_1024_ranks(algorithm, nbytes):
+    result = simulate("all_reduce", algorithm, nbytes, IdealNetwork(1024, ALPHA, BETA), 1024, GAMMA)
+    assert result.wall_seconds <= 60

@@ -1,0 +1,621 @@
+"""The `sim` transport: the registered algorithms, unchanged, on a simulated cluster with virtual clocks.
+
+Every rank runs the real algorithm code in its own thread, but only one thread runs at a time: a
+discrete-event scheduler keyed on virtual time resumes a rank when what it waits for has completed,
+and the rank runs until its next wait that cannot be satisfied yet (then it hands the baton straight
+to the next runnable rank, so each resumption costs one thread switch).
+
+Buffers may be *symbolic* (`symbolic(count, dtype)`): stride-0 views of one element, so a 1 GiB
+buffer costs no memory; slicing, `np.empty_like` and `np.copyto` on them cost nothing real, and a
+ufunc on them (an `Op` reducing) only charges γ per byte to the running rank's clock. Real (small)
+buffers are delivered and reduced for real, so data-dependent control flow (a count exchanged first)
+still works.
+
+The cost model, stated (Thakur, Rabenseifner & Gropp 2005's α-β-γ, plus links):
+- A rank sends from one *port* per route class ("intra" inside a node, "net" through its NIC), one
+  message at a time in posting order (the single-port model): the port is busy α, then the bytes
+  flow through every link of the route.
+- Links are shared: each link splits its capacity equally among the flows crossing it, and a flow
+  moves at the smallest share along its route (a local fair share, exact when flows meet at one
+  bottleneck; it does not hand a flow's unused share to others as max-min fairness would).
+- A receive completes when its data has arrived and it was posted; a receive-reduce γ·bytes later.
+- Charges of γ (reductions in algorithm code) and of copies advance the running rank's own clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .base import Exchange, Reducer, Request, Transport
+from .errors import CollectiveMismatch, CommunicatorAborted
+
+try:   # optional: greenlets switch ~20x faster than threads; without them every rank is a thread
+    import greenlet as _greenlet
+except ImportError:  # pragma: no cover - depends on the environment
+    _greenlet = None
+
+REAL_COPY_BYTES = 1 << 20   # real send buffers up to this size are copied at post (eager semantics)
+
+
+# -- symbolic buffers ---------------------------------------------------------------------------
+
+class SymbolicArray(np.ndarray):
+    """A buffer with a size and a dtype but no data: every element aliases one element."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        # an Op combining two buffers: charge γ per byte of the result, compute nothing
+        target = out[0] if out else next(x for x in inputs if isinstance(x, SymbolicArray))
+        _charge(target.nbytes, "gamma")
+        return target if out else symbolic(target.size, target.dtype).reshape(target.shape)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func is np.copyto:
+            _charge(args[0].nbytes, "copy")
+            return None
+        if func in _LIKE:
+            prototype = args[0]
+            position = 2 if func is np.full_like else 1
+            dtype = kwargs.get("dtype") or (args[position] if len(args) > position else None)
+            return symbolic(prototype.size, dtype or prototype.dtype).reshape(prototype.shape)
+        if func in (np.may_share_memory, np.shares_memory):
+            return False
+        return super().__array_function__(func, types, args, kwargs)
+
+    def __setitem__(self, key, value) -> None:
+        _charge(getattr(value, "nbytes", 0), "copy")   # nothing to write into
+
+    def copy(self, order="C") -> SymbolicArray:  # noqa: ARG002 - numpy's signature
+        """Another symbolic buffer of the same shape (no data to copy)."""
+        _charge(self.nbytes, "copy")
+        return symbolic(self.size, self.dtype).reshape(self.shape)
+
+
+_LIKE = (np.empty_like, np.zeros_like, np.ones_like, np.full_like)
+
+
+def symbolic(count: int, dtype=np.float32) -> SymbolicArray:
+    """A 1-D symbolic buffer of `count` elements of `dtype`: costs one element of memory."""
+    one = np.zeros(1, dtype)
+    return as_strided(one, (int(count),), (0,), writeable=True).view(SymbolicArray)
+
+
+def is_symbolic(buf: np.ndarray) -> bool:
+    """Whether `buf` carries no data (a `SymbolicArray`)."""
+    return isinstance(buf, SymbolicArray)
+
+
+_RUNNING: list = [None]   # the _Rank whose algorithm code runs right now (one at a time, per process)
+
+
+def _charge(nbytes: int, kind: str) -> None:
+    rank = _RUNNING[0]
+    if rank is not None:
+        world = rank.world
+        rate = world.gamma if kind == "gamma" else world.copy_seconds_per_byte
+        rank.clock = max(rank.clock, world.now) + nbytes * rate * rank.slowdown
+
+
+# -- the network: links, routes, flows ----------------------------------------------------------
+
+class Link:
+    """One direction of one wire (or switch port): a capacity in bytes per second, shared fairly."""
+
+    __slots__ = ("name", "capacity", "flows")
+
+    def __init__(self, name: str, capacity: float) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.flows: set[_Message] = set()
+
+    def __repr__(self) -> str:
+        return f"Link({self.name}, {self.capacity / 1e9:g} GB/s)"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a message from one rank reaches another: its α, the links it crosses, the sending port."""
+
+    alpha: float
+    links: tuple[Link, ...]
+    port: str = "net"
+
+
+class IdealNetwork:
+    """Every rank has its own full-duplex link of 1/β bytes per second into a non-blocking switch."""
+
+    def __init__(self, size: int, alpha: float, beta: float) -> None:
+        capacity = math.inf if beta == 0 else 1 / beta
+        self.outgoing = [Link(f"rank{r}.out", capacity) for r in range(size)]
+        self.incoming = [Link(f"rank{r}.in", capacity) for r in range(size)]
+        self.alpha = alpha
+
+    def route(self, src: int, dst: int) -> Route:
+        """The two links between `src` and `dst`, and the one α."""
+        return Route(self.alpha, (self.outgoing[src], self.incoming[dst]))
+
+
+# -- requests and messages ----------------------------------------------------------------------
+
+class _SimRequest(Request):
+    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key")
+
+    def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray, owner: _Rank,
+                 reducer: Reducer | None = None) -> None:
+        self.kind = kind
+        self.peer = peer
+        self.tag = tag
+        self.nbytes = buf.nbytes
+        self.done = False
+        self.owner = owner
+        self.watched = False
+        self.buf = buf
+        self.reducer = reducer
+        self.posted = owner.clock
+
+
+class _Message:
+    """A send in flight: its route, its progress through the links, and the receive it matched."""
+
+    __slots__ = ("send", "recv", "route", "data", "arrived", "remaining", "rate", "since", "version",
+                 "posted", "sender")
+
+    def __init__(self, send: _SimRequest, route: Route, data: np.ndarray | None, sender: _Rank) -> None:
+        self.send = send
+        self.recv: _SimRequest | None = None
+        self.route = route
+        self.data = data
+        self.arrived: float | None = None
+        self.remaining = float(send.nbytes)
+        self.rate = 0.0
+        self.since = 0.0
+        self.version = 0
+        self.posted = send.posted
+        self.sender = sender
+
+
+class _Port:
+    __slots__ = ("busy", "queue")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.queue: deque[_Message] = deque()
+
+
+# event kinds
+_PORT_START, _FLOW_DONE, _COMPLETE = range(3)
+
+
+class _Rank:
+    """One world rank's state: its clock, its ports, its unmatched sends and receives, its thread."""
+
+    def __init__(self, world: SimWorld, rank: int) -> None:
+        self.world = world
+        self.rank = rank
+        self.clock = 0.0
+        self.slowdown = 1.0
+        self.outstanding = 0          # watched requests not yet done while blocked
+        self.fiber = None             # its thread's lock, or its greenlet
+        self.started = False
+        self.ports: dict[str, _Port] = {}
+        self.unmatched_sends: dict[tuple, deque[_Message]] = {}   # by (group, source, tag)
+        self.unmatched_recvs: dict[tuple, deque[_SimRequest]] = {}
+        self.result: object = None
+        self.finished = False
+
+
+class _Threads:
+    """Each rank a thread parked on its own lock; the baton (one lock released) lets one run."""
+
+    def __init__(self, stack_bytes: int) -> None:
+        self.stack_bytes = stack_bytes
+        self.main = threading.Lock()
+        self.main.acquire()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, ranks: list[_Rank], targets: list[Callable[[], None]]) -> None:
+        previous = threading.stack_size(self.stack_bytes)
+        try:
+            for rank, target in zip(ranks, targets, strict=True):
+                rank.fiber = threading.Lock()
+                rank.fiber.acquire()
+                self.threads.append(threading.Thread(target=self._body, args=(rank.fiber, target),
+                                                     daemon=True, name=f"sim-{rank.rank}"))
+        finally:
+            threading.stack_size(previous)
+        for thread in self.threads:
+            thread.start()
+
+    def _body(self, lock: threading.Lock, target: Callable[[], None]) -> None:
+        lock.acquire()
+        target()
+        self.main.release()   # a finished rank hands control back to run()
+
+    def resume(self, rank: _Rank) -> None:
+        """From run(): let `rank` go, and wait until control comes back."""
+        rank.fiber.release()
+        self.main.acquire()
+
+    def switch(self, rank: _Rank, following: _Rank | None) -> None:
+        """From `rank`'s thread: let `following` (or run()) go, and park until resumed."""
+        (self.main if following is None else following.fiber).release()
+        rank.fiber.acquire()
+
+    def close(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+
+class _Greenlets:
+    """Each rank a greenlet in the caller's thread: a switch costs well under a microsecond."""
+
+    def start(self, ranks: list[_Rank], targets: list[Callable[[], None]]) -> None:
+        self.main = _greenlet.getcurrent()
+        for rank, target in zip(ranks, targets, strict=True):
+            rank.fiber = _greenlet.greenlet(target, parent=self.main)
+
+    def resume(self, rank: _Rank) -> None:
+        rank.fiber.switch()
+
+    def switch(self, rank: _Rank, following: _Rank | None) -> None:
+        (self.main if following is None else following.fiber).switch()
+
+    def close(self) -> None:
+        return None
+
+
+class SimulationFailed(RuntimeError):
+    """The simulated program deadlocked or one of its ranks raised."""
+
+
+class SimWorld:
+    """A simulated cluster of `size` ranks over `network`; `run(body)` runs body(transport) on each.
+
+    `gamma`: seconds per byte reduced; `copy_seconds_per_byte`: per byte copied by algorithm code;
+    `slowdown[rank]`: a factor on that rank's α, γ and copies (a straggler).
+    """
+
+    def __init__(self, size: int, network, gamma: float = 0.0, copy_seconds_per_byte: float = 0.0,
+                 slowdown: dict[int, float] | None = None) -> None:
+        self.size = size
+        self.network = network
+        self.gamma = gamma
+        self.copy_seconds_per_byte = copy_seconds_per_byte
+        self.now = 0.0
+        self.ranks = [_Rank(self, r) for r in range(size)]
+        for rank, factor in (slowdown or {}).items():
+            self.ranks[rank].slowdown = factor
+        self._events: list[tuple] = []
+        self._sequence = itertools.count()
+        self._runnable: deque[_Rank] = deque()
+        self._dirty: set[Link] = set()
+        self._routes: dict[tuple[int, int], Route] = {}
+        self._groups: dict[tuple, _Group] = {}
+        self.failure: BaseException | None = None
+        self.messages = 0
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, body: Callable[[SimTransport], object], stack_bytes: int = 256 << 10) -> list[object]:
+        """Run `body(transport)` on every rank to completion; returns their results in rank order."""
+        group = _Group(0, list(range(self.size)))
+        transports = [SimTransport(self, group, r) for r in range(self.size)]
+        use_threads = _greenlet is None or os.environ.get("COLLS_SIM_THREADS") == "1"
+        self._fibers = _Threads(stack_bytes) if use_threads else _Greenlets()
+        self._fibers.start(self.ranks, [functools.partial(self._rank_main, rank, body, transport)
+                                        for rank, transport in zip(self.ranks, transports, strict=True)])
+        self._runnable.extend(self.ranks)
+        try:
+            while True:
+                following = self._next_runnable() if self.failure is None else self._next_stuck()
+                if following is None:
+                    stuck = [rank.rank for rank in self.ranks if not rank.finished]
+                    if not stuck:
+                        break
+                    self.failure = SimulationFailed(f"deadlock at t={self.now:.6g} s: {len(stuck)} ranks "
+                                                    f"wait forever, first {stuck[:8]}")
+                    continue
+                self._fibers.resume(following)
+        finally:
+            self._fibers.close()
+            _RUNNING[0] = None
+        if self.failure is not None:
+            raise self.failure
+        return [rank.result for rank in self.ranks]
+
+    @property
+    def finish_times(self) -> list[float]:
+        """Each rank's virtual clock when its body returned."""
+        return [rank.clock for rank in self.ranks]
+
+    def _rank_main(self, rank: _Rank, body: Callable, transport: SimTransport) -> None:
+        _RUNNING[0] = rank
+        rank.started = True
+        try:
+            if self.failure is None:
+                rank.result = body(transport)
+        except CommunicatorAborted:
+            pass
+        except BaseException as error:  # handed to run()'s caller
+            if self.failure is None:
+                self.failure = error
+        rank.finished = True
+        rank.clock = max(rank.clock, self.now)
+
+    def _next_stuck(self) -> _Rank | None:
+        """After a failure: an unfinished rank to resume so that it raises and ends."""
+        return next((rank for rank in self.ranks if not rank.finished), None)
+
+    def block(self, rank: _Rank) -> None:
+        """`rank` waits: hand the baton straight to the next runnable rank, return when resumed."""
+        following = self._next_runnable() if self.failure is None else None
+        if following is not None and not following.started:
+            # a rank starts from run(), not from deep in another rank's stack (greenlets would
+            # otherwise stack their recursion depths)
+            self._runnable.appendleft(following)
+            following = None
+        if following is not rank:
+            self._fibers.switch(rank, following)   # None: back to run(), which ends the run
+        _RUNNING[0] = rank
+        if self.failure is not None:
+            raise CommunicatorAborted(f"simulation stopped: {self.failure}")
+        rank.clock = max(rank.clock, self.now)
+
+    def _next_runnable(self) -> _Rank | None:
+        """Process events in virtual-time order until a rank can run; None when nothing is left."""
+        events = self._events
+        while True:
+            if self._runnable:
+                return self._runnable.popleft()
+            if events and events[0][0] <= self.now:
+                _, _, kind, what, version = heapq.heappop(events)
+                if kind == _FLOW_DONE:
+                    if what.version == version:
+                        self._end_flow(what)
+                elif kind == _PORT_START:
+                    self._start_flow(what)
+                else:
+                    self._done_request(what)
+            elif self._dirty:
+                self._update_rates()
+            elif events:
+                self.now = events[0][0]
+            else:
+                return None
+
+    def _push(self, time: float, kind: int, what, version: int = 0) -> None:
+        heapq.heappush(self._events, (time, next(self._sequence), kind, what, version))
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def route(self, src: int, dst: int) -> Route:
+        """The (cached) route from world rank `src` to `dst`."""
+        key = (src, dst)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self.network.route(src, dst)
+        return route
+
+    def post_send(self, message: _Message) -> None:
+        """Queue `message` on its sender's port; the port sends one message at a time."""
+        sender = message.sender
+        port = sender.ports.get(message.route.port)
+        if port is None:
+            port = sender.ports[message.route.port] = _Port()
+        if port.busy:
+            port.queue.append(message)
+        else:
+            port.busy = True
+            self._push(max(message.posted, self.now) + message.route.alpha * sender.slowdown,
+                       _PORT_START, message)
+
+    def _start_flow(self, message: _Message) -> None:
+        self.messages += 1
+        message.since = self.now
+        if message.remaining <= 0 or not message.route.links:
+            self._end_flow(message)
+            return
+        alone = True
+        for link in message.route.links:
+            link.flows.add(message)
+            if len(link.flows) > 1:
+                alone = False
+                self._dirty.add(link)
+        if alone:   # the common case: nobody to share with, so no fair shares to work out
+            message.rate = min(link.capacity for link in message.route.links)
+            message.version += 1
+            self._push(self.now + message.remaining / message.rate, _FLOW_DONE, message, message.version)
+
+    def _update_rates(self) -> None:
+        """New fair shares for the flows on links whose set of flows changed at this instant."""
+        now = self.now
+        affected: set[_Message] = set()
+        for link in self._dirty:
+            affected.update(link.flows)
+        self._dirty.clear()
+        for message in affected:
+            rate = math.inf
+            for link in message.route.links:
+                share = link.capacity / len(link.flows)
+                if share < rate:
+                    rate = share
+            if rate == message.rate:
+                continue
+            message.remaining = max(0.0, message.remaining - message.rate * (now - message.since))
+            message.since = now
+            message.rate = rate
+            message.version += 1
+            self._push(now + message.remaining / rate, _FLOW_DONE, message, message.version)
+
+    def _end_flow(self, message: _Message) -> None:
+        now = self.now
+        for link in message.route.links:
+            flows = link.flows
+            if message in flows:
+                flows.discard(message)
+                if flows:
+                    self._dirty.add(link)
+        message.version += 1
+        self._done_request(message.send)
+        port = message.sender.ports[message.route.port]
+        if port.queue:
+            following = port.queue.popleft()
+            self._push(max(following.posted, now) + following.route.alpha * message.sender.slowdown,
+                       _PORT_START, following)
+        else:
+            port.busy = False
+        message.arrived = now
+        if message.recv is not None:
+            self.deliver(message)
+
+    def deliver(self, message: _Message) -> None:
+        """The message has arrived and its receive is posted: complete the receive (γ later if reducing)."""
+        recv = message.recv
+        done = max(message.arrived, recv.posted)
+        if recv.reducer is not None:
+            done += recv.nbytes * self.gamma * recv.owner.slowdown
+        if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
+            incoming = message.data.reshape(-1).view(np.uint8).view(recv.buf.dtype)
+            if recv.reducer is None:
+                np.copyto(recv.buf, incoming)
+            else:
+                recv.reducer(recv.buf, incoming)
+        if done <= self.now:
+            self._done_request(recv)
+        else:
+            self._push(done, _COMPLETE, recv)
+
+    def _done_request(self, request: _SimRequest) -> None:
+        request.done = True
+        if request.watched:
+            owner = request.owner
+            owner.outstanding -= 1
+            if owner.outstanding == 0:
+                self._runnable.append(owner)
+
+    def group(self, key: tuple, world_ranks: list[int]) -> _Group:
+        """The sub-group registered under `key`, made on first use."""
+        found = self._groups.get(key)
+        if found is None:
+            found = self._groups[key] = _Group(len(self._groups) + 1, world_ranks)
+        return found
+
+
+@dataclass
+class _Group:
+    id: int
+    world_ranks: list[int]
+    splits: dict[int, int] = field(default_factory=dict)   # world rank -> subgroup calls made
+
+
+class SimTransport(Transport):
+    """One rank's end of a `SimWorld` group (the world, or a sub-group of it)."""
+
+    name = "sim"
+
+    def __init__(self, world: SimWorld, group: _Group, rank: int) -> None:
+        self.world = world
+        self.group = group
+        self.rank = rank
+        self.size = len(group.world_ranks)
+        self.me = world.ranks[group.world_ranks[rank]]
+
+    @property
+    def clock(self) -> float:
+        """This rank's virtual time, in seconds."""
+        return max(self.me.clock, self.world.now)
+
+    def elapse(self, seconds: float) -> None:
+        """Spend `seconds` of this rank's time on work between messages (a model of computing)."""
+        self.me.clock = max(self.me.clock, self.world.now) + seconds * self.me.slowdown
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        world, me = self.world, self.me
+        me.clock = max(me.clock, world.now)
+        request = _SimRequest("send", peer, tag, buf, me)
+        data = None
+        if not is_symbolic(buf):
+            data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
+        receiver = world.ranks[self.group.world_ranks[peer]]
+        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank)
+        message = _Message(request, route, data, me)
+        key = (self.group.id, self.rank, tag)
+        waiting = receiver.unmatched_recvs.get(key)
+        if waiting:
+            self._match(message, waiting.popleft())
+        else:
+            queue = receiver.unmatched_sends.get(key)
+            if queue is None:
+                receiver.unmatched_sends[key] = deque((message,))
+            else:
+                queue.append(message)
+        world.post_send(message)
+        return request
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        return self._post_recv(buf, peer, tag, None)
+
+    def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
+        return self._post_recv(buf, peer, tag, reducer)
+
+    def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> Request:
+        me = self.me
+        me.clock = max(me.clock, self.world.now)
+        request = _SimRequest("recv", peer, tag, buf, me, reducer)
+        key = (self.group.id, peer, tag)
+        sent = me.unmatched_sends.get(key)
+        if sent:
+            self._match(sent.popleft(), request)
+        else:
+            queue = me.unmatched_recvs.get(key)
+            if queue is None:
+                me.unmatched_recvs[key] = deque((request,))
+            else:
+                queue.append(request)
+        return request
+
+    def _match(self, message: _Message, recv: _SimRequest) -> None:
+        if message.send.nbytes != recv.nbytes:
+            raise CollectiveMismatch(
+                f"sim: world rank {recv.owner.rank} posted a receive of {recv.nbytes} B from rank "
+                f"{recv.peer} (tag {recv.tag}) but rank {message.sender.rank} sent {message.send.nbytes} B")
+        message.recv = recv
+        if message.arrived is not None:
+            self.world.deliver(message)
+
+    def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        me = self.me
+        outstanding = 0
+        for request in requests:
+            if not request.done:
+                request.watched = True
+                outstanding += 1
+        if outstanding:
+            me.outstanding = outstanding
+            self.world.block(me)
+            for request in requests:
+                request.watched = False
+
+    def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
+        # No exchange is needed in one process: every member derives the same key for the group.
+        calls = self.group.splits.get(self.me.rank, 0)
+        self.group.splits[self.me.rank] = calls + 1
+        if not ranks:
+            return None
+        key = (self.group.id, calls, tuple(ranks))
+        child = self.world.group(key, [self.group.world_ranks[r] for r in ranks])
+        return SimTransport(self.world, child, list(ranks).index(self.rank))
+
+    def abort(self, reason: str) -> None:
+        if self.world.failure is None:
+            self.world.failure = CommunicatorAborted(reason)
