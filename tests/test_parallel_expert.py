@@ -12,6 +12,7 @@ output comes back to its own position.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -41,10 +42,10 @@ def serial(setup: Setup):
     return train_serial(setup)
 
 
-def check_ep(setup: Setup, transport: str):
+def check_ep(setup: Setup, transport: str, tolerance: float = FLOAT64_TOLERANCE):
     results = run("ep", setup, setup.ep * setup.dp, transport, timeout=60)
     diff = serial_difference(results, serial(setup))
-    assert diff["relative"] <= FLOAT64_TOLERANCE, diff
+    assert diff["relative"] <= tolerance, diff
     assert diff["identical_across_ranks"], diff
     report = build_report("ep", setup, results, serial(setup))
     details = report["details"]
@@ -53,7 +54,7 @@ def check_ep(setup: Setup, transport: str):
     for row in details["steps"]:
         for block, reference in zip(row["blocks"], row["serial"], strict=True):
             assert block["dropped"] == reference["dropped"] and block["load"] == reference["load"]
-            assert block["aux_loss"] == pytest.approx(reference["aux_loss"], rel=1e-12)
+            assert block["aux_loss"] == pytest.approx(reference["aux_loss"], rel=max(1e-12, tolerance))
     return results, details
 
 
@@ -200,6 +201,19 @@ def test_ep_equals_serial_shm(shape):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("precision,tolerance", [("float32", 1e-5), ("mixed", 2 * 2.0 ** -10)])
+def test_lower_precision(precision, tolerance):
+    """As test_parallel.py's float32 and mixed-precision tolerances (rounding of the gradient sums)."""
+    setup = replace(moe_setup(3, 4, 2), **({"mixed": True} if precision == "mixed" else {"dtype": "float32"}))
+    check_ep(setup, "local", tolerance)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_without_rows_still_takes_part():
+    check_ep(moe_setup(4, 4, 2, batch=3), "local")   # rank 3 routes nothing but owns expert 3
+
+
+@pytest.mark.timeout(60)
 def test_drop_count_follows_the_capacity_factor():
     drops = {}
     for capacity in (0.5, 1.0, 4.0):
@@ -211,11 +225,13 @@ def test_drop_count_follows_the_capacity_factor():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_uniform_router_aux_loss_is_alpha(top_k):
-    _, details = check_ep(moe_setup(4, 4, top_k, router="uniform", capacity=1.25), "local")
+    _, details = check_ep(moe_setup(3, 4, top_k, router="uniform", capacity=1.25), "local")
     for row in details["steps"]:
         for block in row["blocks"] + row["serial"]:
             assert block["aux_loss"] == 0.01   # alpha * E * sum_i (1/E)(1/E) * ... = alpha, exactly
             assert block["load"] == [block["assigned"] // 4] * 4 and block["dropped"] == 0
+        # every expert gets exactly 1/E of the assignments: the bytes are the balanced formula's
+        assert row["dispatch_bytes_sent"] == row["dispatch_bytes_balanced"]
 
 
 def test_errors_name_the_fix():
@@ -223,8 +239,6 @@ def test_errors_name_the_fix():
         expert.check_setup(Setup(ep=2), 2)
     with pytest.raises(ValueError, match="needs 4 ranks"):
         expert.check_setup(moe_setup(2, 4, dp=2), 3)
-    with pytest.raises(ValueError, match="every rank needs a row"):
-        expert.check_setup(moe_setup(4, 4, batch=3), 4)
     with pytest.raises(ValueError, match="top_k=2"):
         ModelConfig(experts=1, top_k=2).layers()
 

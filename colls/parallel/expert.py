@@ -31,6 +31,11 @@ API for composing strategies (the pipeline's pp_ep uses these with its own ep su
     replicated_ranges(local), expert_ranges(local)      element ranges of the local flat buffer
     all_reduce_ranges(comm, buffer, ranges)             sum those ranges over comm, in one call
     routing_stats(model, caches) -> per MoE block: routed, kept per expert, aux sum, groups
+
+A pipeline stage that runs layers itself must call an MoE block as `forward(p, x, scale)` (its
+`adds_loss` is True), add `cache.loss` to the stage's loss, and run each micro-batch's MoE forward
+and backward on every rank of the ep group in the same order (they are collectives). A rank with
+no rows in a micro-batch still takes part.
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ class ExpertParallelMoE(MoE):
         out[order] = out_sorted
         # each source gets its rows back in the order it sent them: its kept assignments' order
         combined, _ = comm.all_to_all_v(out, recv_counts)
-        return combined, (cache, order, send_counts, recv_counts, table)
+        return combined, (cache, order, send_counts, recv_counts, rows.itemsize * rows.shape[1])
 
     def experts_backward(self, p, g, cache, dout: np.ndarray) -> np.ndarray:
         """The backward of dispatch and combine are the same two all-to-alls, reversed."""
@@ -120,6 +125,11 @@ def _is_expert(layer, name: str) -> bool:
     return isinstance(layer, MoE) and name in MoE.EXPERT_TENSORS
 
 
+def _owned(layer: MoE) -> slice:
+    """The experts a block holds here: its share if expert parallel, else all of them."""
+    return layer.owned if isinstance(layer, ExpertParallelMoE) else slice(0, layer.experts)
+
+
 def shard(full: Model, full_flat: np.ndarray, local: Model, out: np.ndarray,
           layer_map: list[int] | None = None) -> np.ndarray:
     """Copy this rank's parameters from the serial buffer `full_flat` into `out` (local layout);
@@ -127,7 +137,7 @@ def shard(full: Model, full_flat: np.ndarray, local: Model, out: np.ndarray,
     for index, layer in enumerate(local.layers):
         source = full.layout.views(full_flat, index if layer_map is None else layer_map[index])
         for name, view in local.layout.views(out, index).items():
-            view[...] = source[name][layer.owned] if _is_expert(layer, name) else source[name]
+            view[...] = source[name][_owned(layer)] if _is_expert(layer, name) else source[name]
     return out
 
 
@@ -142,7 +152,7 @@ def gather(comm, full: Model, local: Model, local_flat: np.ndarray, replicated: 
         for name, view in local.layout.views(local_flat, index).items():
             if _is_expert(layer, name):
                 if experts:
-                    target[name][layer.owned] = view
+                    target[name][_owned(layer)] = view
             elif replicated:
                 target[name][...] = view
     return comm.all_reduce(flat, out=flat) if comm.size > 1 else flat
@@ -185,21 +195,24 @@ def all_reduce_ranges(comm, buffer: np.ndarray, ranges: list[tuple[int, int]]) -
 
 
 def routing_stats(model: Model, caches: list) -> np.ndarray:
-    """Per MoE block (rows): routed per expert, kept per expert, aux sum over groups, groups, and
-    the rows this rank sent off-rank in dispatch / received in combine (0 serially)."""
-    rows = []
-    for layer, cache in zip(model.layers, caches, strict=False):
-        if not isinstance(layer, MoE):
-            continue
-        routing, expert_cache = cache.routing, cache.expert_cache
-        sent = received = 0
-        if isinstance(layer, ExpertParallelMoE):
-            _, _, send_counts, recv_counts, _ = expert_cache
-            rank = layer.comm.rank
-            sent, received = sum(send_counts) - send_counts[rank], sum(recv_counts) - recv_counts[rank]
-        rows.append(np.concatenate([routing.routed, routing.kept,
-                                    [routing.aux, routing.probs.shape[0], sent, received]]))
+    """One row per MoE block: routed per expert (E), kept per expert (E), the aux loss summed over
+    groups, and the groups; summed over ranks, the serial run's rows."""
+    rows = [np.concatenate([c.routing.routed, c.routing.kept, [c.routing.aux, c.routing.probs.shape[0]]])
+            for layer, c in zip(model.layers, caches, strict=False) if isinstance(layer, MoE)]
     return np.array(rows, np.float64).reshape(len(rows), -1)
+
+
+def off_rank_rows(model: Model, caches: list) -> list[tuple[int, int, int]]:
+    """Per expert-parallel block: the rows this rank dispatched to other ranks, the rows it
+    received from them, and the bytes of a row."""
+    found = []
+    for layer, c in zip(model.layers, caches, strict=False):
+        if isinstance(layer, ExpertParallelMoE):
+            _, _, send_counts, recv_counts, row_bytes = c.expert_cache
+            rank = layer.comm.rank
+            found.append((sum(send_counts) - send_counts[rank], sum(recv_counts) - recv_counts[rank],
+                          row_bytes))
+    return found
 
 
 # -- the loop ------------------------------------------------------------------------------------
@@ -216,8 +229,6 @@ def check_setup(setup: Setup, size: int) -> None:
     if size != setup.dp * setup.ep:
         raise ValueError(f"strategy ep with --dp {setup.dp} --ep {setup.ep} needs {setup.dp * setup.ep} "
                          f"ranks, got {size}")
-    if setup.batch < size:
-        raise ValueError(f"--batch {setup.batch} < {size} ranks: every rank needs a row to route")
 
 
 def train(comm, setup: Setup) -> RunResult:
@@ -243,19 +254,19 @@ def train(comm, setup: Setup) -> RunResult:
         tokens, targets, scale = local_batch(setup, step, comm.rank, comm.size)
         source = local.flat_source(replica.params)
         loss, caches = local.forward(source, tokens, targets, scale)
-        mine = routing_stats(local, caches)
+        mine, off_rank = routing_stats(local, caches), off_rank_rows(local, caches)
         local.backward(source, local.flat_source(replica.grads), caches)
         all_reduce_ranges(comm, replica.grads, shared)     # data parallel over every rank
         all_reduce_ranges(dp_comm, replica.grads, own)     # the same experts in the other dp groups
         replica.step()
         records.append(merge_traffic(timer.finish(step, loss), groups))
-        total = comm.all_reduce(mine[:, :-2].copy()) if comm.size > 1 else mine[:, :-2]
-        stats.append({"global": total.tolist(), "off_rank_rows": mine[:, -2:].tolist()})
+        total = comm.all_reduce(mine) if comm.size > 1 else mine
+        stats.append({"global": total.tolist(), "off_rank_rows": off_rank, "rows": len(tokens)})
     final = gather(comm, full, local, replica.params, replicated=comm.rank == 0, experts=grid_dp == 0)
     owned = owned_experts(setup.model.experts, ep, grid_ep)
     extra = {"dp": dp, "ep": ep, "grid": (grid_dp, grid_ep), "owned": (owned.start, owned.stop),
              "replicated": np.concatenate([replica.params[a:b] for a, b in shared]).tolist(),
-             "moe": stats, "row_bytes": setup.model.d_model * replica.params.itemsize}
+             "moe": stats}
     return RunResult("ep", comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(), 0,
                      full.layout.pack(final).astype(np.float64), extra=extra)
 
@@ -283,7 +294,7 @@ def serial_routing(setup: Setup) -> list[np.ndarray]:
         tokens, targets, scale = local_batch(setup, step, 0, 1)
         source = model.flat_source(replica.params)
         _, caches = model.forward(source, tokens, targets, scale)
-        stats.append(routing_stats(model, caches)[:, :-2])
+        stats.append(routing_stats(model, caches))
         model.backward(source, model.flat_source(replica.grads), caches)
         replica.step()
     return stats
@@ -302,6 +313,17 @@ def _block(row: list[float], experts: int) -> dict:
             "aux_loss": aux / groups if groups else 0.0}
 
 
+def balanced_rows(result: RunResult, results: list[RunResult], step: int, cfg) -> float:
+    """Rows a rank sends off-rank plus receives, per block, if every expert got its 1/E share of
+    the assignments and none were dropped: k * (T_r (1 - E_r/E) + (T - T_r) E_r/E) for T_r tokens
+    here, T in the ep group and E_r experts owned here (k * T_r * 2(ep-1)/ep when all is even)."""
+    group = [r for r in results if r.extra["grid"][0] == result.extra["grid"][0]]
+    tokens = result.extra["moe"][step]["rows"] * cfg.seq_len
+    total = sum(r.extra["moe"][step]["rows"] for r in group) * cfg.seq_len
+    share = (result.extra["owned"][1] - result.extra["owned"][0]) / cfg.experts
+    return cfg.top_k * (tokens * (1 - share) + (total - tokens) * share)
+
+
 def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
     """Per step and MoE block: expert load, drops and aux loss beside the serial reference's; the
     dispatch bytes measured beside those the routing implies; replicas identical."""
@@ -309,27 +331,36 @@ def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
     experts = cfg.experts
     serial = serial_routing(setup)
     first = results[0].extra
-    row_bytes = first["row_bytes"]
     steps = []
     for index, stat in enumerate(first["moe"]):
         blocks = [_block(row, experts) for row in stat["global"]]
         reference = [_block(row, experts) for row in serial[index].tolist()]
-        measured, expected = [], []
+        measured, expected, balanced = [], [], []
         for result in results:
             record = result.steps[index].by_collective.get("all_to_all_v", {})
             measured.append(int(record.get("bytes_sent", 0)))
             # dispatch + backward send our rows off-rank; combine + backward return what we received;
             # every all_to_all_v first sends each peer its row count (one int64)
             off_rank = result.extra["moe"][index]["off_rank_rows"]
-            rows = sum(sent + received for sent, received in off_rank)
             headers = DISPATCHES_PER_BLOCK * len(off_rank) * (first["ep"] - 1) * 8
-            expected.append(int(2 * rows * row_bytes + headers))
+            implied = sum(2 * (sent + received) * row for sent, received, row in off_rank)
+            expected.append(int(implied + headers))
+            even = balanced_rows(result, results, index, cfg)
+            balanced.append(int(sum(2 * even * row for _, _, row in off_rank) + headers))
         steps.append({"step": index, "seconds": max(r.steps[index].seconds for r in results),
-                      "blocks": blocks, "serial": reference,
-                      "dispatch_bytes_sent": measured, "dispatch_bytes_expected": expected})
+                      "blocks": blocks, "serial": reference, "dispatch_bytes_sent": measured,
+                      "dispatch_bytes_expected": expected, "dispatch_bytes_balanced": balanced})
     replicas = [r.extra["replicated"] for r in results]
     capacity = F.expert_capacity(cfg.capacity_factor, cfg.seq_len, experts, cfg.top_k)
-    return {"experts": experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
+    # parameters held per rank: the replicated ones plus E_r of the E experts (Psi_expert each)
+    moe = next(layer for layer in setup.build().layers if isinstance(layer, MoE))
+    per_expert = sum(int(np.prod(shape)) for _, shape, _ in moe.expert_specs(1))
+    all_experts = per_expert * experts * cfg.blocks
+    memory = [{"rank": r.rank, "params_bytes": r.state_bytes["params"],
+               "formula": (r.parameters - all_experts + per_expert * cfg.blocks
+                           * (r.extra["owned"][1] - r.extra["owned"][0])) * setup.working_dtype.itemsize,
+               "serial_bytes": r.parameters * setup.working_dtype.itemsize} for r in results]
+    return {"memory": memory,"experts": experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
             "capacity_per_group": capacity, "groups": setup.batch, "aux_alpha": cfg.aux_alpha,
             "router": cfg.router, "ep": setup.ep, "dp": setup.dp,
             "owned": [r.extra["owned"] for r in results[: setup.ep]],
@@ -353,7 +384,12 @@ def format_lines(part: dict) -> list[str]:
         sent = row["dispatch_bytes_sent"]
         lines.append(f"    step {row['step']:3d} all_to_all_v sent/rank {min(sent)}..{max(sent)} B "
                      f"(routing implies {min(row['dispatch_bytes_expected'])}.."
-                     f"{max(row['dispatch_bytes_expected'])} B)")
+                     f"{max(row['dispatch_bytes_expected'])} B; balanced, no drops: "
+                     f"{min(row['dispatch_bytes_balanced'])}..{max(row['dispatch_bytes_balanced'])} B)")
+    held = [m["params_bytes"] for m in part["memory"]]
+    formula = [m["formula"] for m in part["memory"]]
+    lines.append(f"  parameters per rank {min(held)}..{max(held)} B (formula {min(formula)}..{max(formula)} "
+                 f"B; whole model {part['memory'][0]['serial_bytes']} B)")
     lines.append(f"  replicated parameters identical on every rank: {part['replicas_identical']}")
     return lines
 
@@ -376,6 +412,10 @@ def problems(part: dict) -> list[str]:
                          f"implies {row['dispatch_bytes_expected']} B")
     if not part["replicas_identical"]:
         found.append("replicated parameters differ between ranks")
+    for entry in part["memory"]:
+        if entry["params_bytes"] != entry["formula"]:
+            found.append(f"rank {entry['rank']}: holds {entry['params_bytes']} B of parameters, formula "
+                         f"{entry['formula']} B")
     return found
 
 
@@ -414,4 +454,5 @@ def plot(part: dict, path: str) -> None:
 
 
 __all__ = ["ExpertParallelMoE", "all_reduce_ranges", "expert_parallel_layers", "expert_ranges", "gather",
-           "owned_experts", "replicated_ranges", "report", "routing_stats", "shard", "train", "world_size"]
+           "off_rank_rows", "owned_experts", "replicated_ranges", "report", "routing_stats", "shard", "train",
+           "world_size"]
