@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from . import functional as F
+from .accounting import ring_all_reduce_bytes
 from .common import RunResult, Setup, StepTimer, local_batch, traffic
 from .data import shard_rows
 from .layers import MoE, Routing
@@ -182,12 +183,13 @@ def expert_ranges(local: Model) -> list[tuple[int, int]]:
     return _ranges(local, want_experts=True)
 
 
-def all_reduce_ranges(comm, buffer: np.ndarray, ranges: list[tuple[int, int]]) -> None:
+def all_reduce_ranges(comm, buffer: np.ndarray, ranges: list[tuple[int, int]],
+                      algorithm: str | None = None) -> None:
     """Sum `buffer[start:stop]` over `comm` for every range, packed into one all-reduce."""
     if comm is None or comm.size == 1 or not ranges:
         return
     packed = np.concatenate([buffer[a:b] for a, b in ranges])
-    comm.all_reduce(packed, out=packed)
+    comm.all_reduce(packed, out=packed, algorithm=algorithm)
     offset = 0
     for a, b in ranges:
         buffer[a:b] = packed[offset: offset + b - a]
@@ -256,8 +258,8 @@ def train(comm, setup: Setup) -> RunResult:
         loss, caches = local.forward(source, tokens, targets, scale)
         mine, off_rank = routing_stats(local, caches), off_rank_rows(local, caches)
         local.backward(source, local.flat_source(replica.grads), caches)
-        all_reduce_ranges(comm, replica.grads, shared)     # data parallel over every rank
-        all_reduce_ranges(dp_comm, replica.grads, own)     # the same experts in the other dp groups
+        all_reduce_ranges(comm, replica.grads, shared, setup.algorithm)   # data parallel, every rank
+        all_reduce_ranges(dp_comm, replica.grads, own, setup.algorithm)   # our experts' dp replicas
         replica.step()
         records.append(merge_traffic(timer.finish(step, loss), groups))
         total = comm.all_reduce(mine) if comm.size > 1 else mine
@@ -266,7 +268,9 @@ def train(comm, setup: Setup) -> RunResult:
     owned = owned_experts(setup.model.experts, ep, grid_ep)
     extra = {"dp": dp, "ep": ep, "grid": (grid_dp, grid_ep), "owned": (owned.start, owned.stop),
              "replicated": np.concatenate([replica.params[a:b] for a, b in shared]).tolist(),
-             "moe": stats}
+             "moe": stats, "gradient_values": {"shared": sum(b - a for a, b in shared),
+                                               "experts": sum(b - a for a, b in own)},
+             "gradient_bytes_per_value": replica.grads.itemsize}
     return RunResult("ep", comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(), 0,
                      full.layout.pack(final).astype(np.float64), extra=extra)
 
@@ -324,6 +328,17 @@ def balanced_rows(result: RunResult, results: list[RunResult], step: int, cfg) -
     return cfg.top_k * (tokens * (1 - share) + (total - tokens) * share)
 
 
+def gradient_sync_formula(result: RunResult, setup: Setup) -> dict[str, float]:
+    """Bytes a rank sends per step to sum gradients: a ring all-reduce of the replicated gradient
+    over all n ranks, 2(n-1)/n * Psi_shared, plus one of its experts' gradient over the dp groups;
+    `slack`: a ring's blocks are floor or ceil(count/n), one value off per step of each call."""
+    values, per_value = result.extra["gradient_values"], result.extra["gradient_bytes_per_value"]
+    n, dp = result.size, setup.dp
+    return {"sent": ring_all_reduce_bytes(values["shared"], n, per_value)
+            + ring_all_reduce_bytes(values["experts"], dp, per_value),
+            "slack": 2 * ((n - 1) + (dp - 1)) * per_value}
+
+
 def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
     """Per step and MoE block: expert load, drops and aux loss beside the serial reference's; the
     dispatch bytes measured beside those the routing implies; replicas identical."""
@@ -349,7 +364,9 @@ def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
             balanced.append(int(sum(2 * even * row for _, _, row in off_rank) + headers))
         steps.append({"step": index, "seconds": max(r.steps[index].seconds for r in results),
                       "blocks": blocks, "serial": reference, "dispatch_bytes_sent": measured,
-                      "dispatch_bytes_expected": expected, "dispatch_bytes_balanced": balanced})
+                      "dispatch_bytes_expected": expected, "dispatch_bytes_balanced": balanced,
+                      "all_reduce_bytes_sent": [int(r.steps[index].by_collective.get("all_reduce", {})
+                                                    .get("bytes_sent", 0)) for r in results]})
     replicas = [r.extra["replicated"] for r in results]
     capacity = F.expert_capacity(cfg.capacity_factor, cfg.seq_len, experts, cfg.top_k)
     # parameters held per rank: the replicated ones plus E_r of the E experts (Psi_expert each)
@@ -360,11 +377,12 @@ def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
                "formula": (r.parameters - all_experts + per_expert * cfg.blocks
                            * (r.extra["owned"][1] - r.extra["owned"][0])) * setup.working_dtype.itemsize,
                "serial_bytes": r.parameters * setup.working_dtype.itemsize} for r in results]
-    return {"memory": memory,"experts": experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
+    return {"experts": experts, "top_k": cfg.top_k, "capacity_factor": cfg.capacity_factor,
             "capacity_per_group": capacity, "groups": setup.batch, "aux_alpha": cfg.aux_alpha,
-            "router": cfg.router, "ep": setup.ep, "dp": setup.dp,
+            "router": cfg.router, "ep": setup.ep, "dp": setup.dp, "algorithm": setup.algorithm,
             "owned": [r.extra["owned"] for r in results[: setup.ep]],
-            "replicas_identical": all(r == replicas[0] for r in replicas), "steps": steps}
+            "replicas_identical": all(r == replicas[0] for r in replicas), "memory": memory,
+            "all_reduce_formula": [gradient_sync_formula(r, setup) for r in results], "steps": steps}
 
 
 def format_lines(part: dict) -> list[str]:
@@ -386,10 +404,15 @@ def format_lines(part: dict) -> list[str]:
                      f"(routing implies {min(row['dispatch_bytes_expected'])}.."
                      f"{max(row['dispatch_bytes_expected'])} B; balanced, no drops: "
                      f"{min(row['dispatch_bytes_balanced'])}..{max(row['dispatch_bytes_balanced'])} B)")
+    formula = [f["sent"] for f in part["all_reduce_formula"]]
+    for row in part["steps"]:
+        sent = row["all_reduce_bytes_sent"]
+        lines.append(f"    step {row['step']:3d} gradient all_reduce ({part['algorithm']}) sent/rank "
+                     f"{min(sent)}..{max(sent)} B (ring formula {min(formula):.0f}..{max(formula):.0f} B)")
     held = [m["params_bytes"] for m in part["memory"]]
-    formula = [m["formula"] for m in part["memory"]]
-    lines.append(f"  parameters per rank {min(held)}..{max(held)} B (formula {min(formula)}..{max(formula)} "
-                 f"B; whole model {part['memory'][0]['serial_bytes']} B)")
+    expected = [m["formula"] for m in part["memory"]]
+    lines.append(f"  parameters per rank {min(held)}..{max(held)} B (formula "
+                 f"{min(expected)}..{max(expected)} B; whole model {part['memory'][0]['serial_bytes']} B)")
     lines.append(f"  replicated parameters identical on every rank: {part['replicas_identical']}")
     return lines
 
@@ -410,6 +433,12 @@ def problems(part: dict) -> list[str]:
         if row["dispatch_bytes_sent"] != row["dispatch_bytes_expected"]:
             found.append(f"step {row['step']}: all_to_all_v sent {row['dispatch_bytes_sent']} B, routing "
                          f"implies {row['dispatch_bytes_expected']} B")
+    for row in part["steps"]:
+        for rank, sent in enumerate(row["all_reduce_bytes_sent"]):
+            formula = part["all_reduce_formula"][rank]
+            if part["algorithm"] == "ring" and abs(sent - formula["sent"]) > formula["slack"]:
+                found.append(f"step {row['step']} rank {rank}: gradient all_reduce sent {sent} B, ring "
+                             f"formula {formula['sent']:.0f} B ± {formula['slack']}")
     if not part["replicas_identical"]:
         found.append("replicated parameters differ between ranks")
     for entry in part["memory"]:
