@@ -175,6 +175,37 @@ def test_tokens_come_back_in_their_original_order(transport, ranks, experts, top
     assert np.allclose(np.concatenate([r[2] for r in results]), dx, rtol=1e-13, atol=1e-13)
 
 
+def _shard_and_gather_a_stage(comm, setup: Setup):
+    """A pipeline stage's view: layers 1..3 of the model (attention0, moe0, attention1)."""
+    full = setup.build()
+    stage = [1, 2, 3]
+    local = Model(setup.model, layers=expert.expert_parallel_layers([full.layers[i] for i in stage], comm))
+    flat = full.init_params(4)
+    mine = expert.shard(full, flat, local, local.zeros(), layer_map=stage)
+    shared = np.concatenate([mine[a:b] for a, b in expert.replicated_ranges(local)])
+    back = expert.gather(comm, full, local, mine, replicated=comm.rank == 0, experts=True, layer_map=stage)
+    return local.layout.total, shared, back
+
+
+@pytest.mark.timeout(60)
+def test_shard_and_gather_a_pipeline_stage():
+    setup = moe_setup(3, 4, 2)
+    results = colls.spawn(_shard_and_gather_a_stage, 3, transport="local", args=(setup,), timeout=60)
+    full = setup.build()
+    flat = full.init_params(4)
+    expected = np.zeros_like(flat)
+    for i in (1, 2, 3):
+        full.layout.segment(expected, i)[...] = full.layout.segment(flat, i)
+    moe = full.layers[2]
+    per_expert = sum(int(np.prod(shape)) for _, shape, _ in moe.expert_specs(1))
+    for rank, (total, shared, back) in enumerate(results):
+        assert np.array_equal(back, expected)   # every element from its one owner, exactly
+        assert np.array_equal(shared, results[0][1])
+        owned = expert.owned_experts(4, 3, rank)
+        stage = sum(full.layout.segments[i].size for i in (1, 2, 3))
+        assert total == stage - (4 - (owned.stop - owned.start)) * per_expert
+
+
 # -- training equals serial --------------------------------------------------------------------------
 
 SHAPES = {  # name: (ep, experts, top_k, dp)

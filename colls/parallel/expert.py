@@ -26,11 +26,14 @@ API for composing strategies (the pipeline's pp_ep uses these with its own ep su
                                                         like layers.py; collective over ep_comm, so
                                                         every ep rank runs each MoE forward/backward
     Model(config, dtype, layers=local_layers)           the rank's local model (its own flat layout)
-    shard(full, full_flat, local, out)                  the rank's parameters out of the serial ones
-    gather(comm, full, local, local_flat, replicated=, experts=) -> full flat (all-reduce over comm)
+    shard(full, full_flat, local, out, layer_map=None)  the rank's parameters out of the serial ones
+                                                        (layer_map[i]: full index of local layer i,
+                                                        for a stage holding some of the layers)
+    gather(comm, full, local, local_flat, replicated=, experts=, layer_map=None) -> full flat buffer:
+                                                        writers put theirs into zeros, all-reduce
     replicated_ranges(local), expert_ranges(local)      element ranges of the local flat buffer
-    all_reduce_ranges(comm, buffer, ranges)             sum those ranges over comm, in one call
-    routing_stats(model, caches) -> per MoE block: routed, kept per expert, aux sum, groups
+    all_reduce_ranges(comm, buffer, ranges, algorithm)  sum those ranges over comm, in one call
+    routing_stats(model, caches), off_rank_rows(model, caches)   per MoE block, for the report
 
 A pipeline stage that runs layers itself must call an MoE block as `forward(p, x, scale)` (its
 `adds_loss` is True), add `cache.loss` to the stage's loss, and run each micro-batch's MoE forward
