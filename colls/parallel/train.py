@@ -43,7 +43,8 @@ def run(strategy: str, setup: Setup, nprocs: int, transport: str = "local",
     if strategy == "serial":
         return [train_serial(setup)]
     if strategy in MODEL_PARALLEL:
-        loop = strategy_module(strategy).train
+        module = strategy_module(strategy)   # a module of several strategies may tell them apart by
+        loop = getattr(module, f"train_{strategy}", module.train)   # train_<strategy>, e.g. train_gpipe
     elif strategy in LOOPS:
         loop = LOOPS[strategy]
     else:

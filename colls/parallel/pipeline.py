@@ -1,0 +1,516 @@
+"""`gpipe`, `1f1b`, `interleaved`: pipeline parallelism, consecutive layers on consecutive ranks.
+
+The model's layers are cut into p·v contiguous *stages* (v = 1 but for `interleaved`); stage g
+lives on pipeline rank g mod p, so rank r holds chunks r, r + p, ... (Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"). Each rank's
+rows of the batch are split into m micro-batches; a stage receives a micro-batch's activations from
+the previous stage (`recv`), runs its layers, and sends its output on (`send`, asynchronous, so a
+rank only ever waits for its inputs); backward moves the gradients the other way. Schedules:
+
+- `gpipe` (Huang et al. 2019): all m forwards, then all m backwards; every rank stashes m
+  micro-batches of activations.
+- `1f1b` (PipeDream-Flush, Narayanan et al. 2019/2021): p - r - 1 warm-up forwards, then one
+  forward one backward, then the cool-down backwards: at most p - r micro-batches stashed.
+- `interleaved` (Megatron-LM's interleaved 1F1B): the same with v chunks per rank, micro-batches
+  in groups of p; the bubble shrinks from (p-1)/(m+p-1) to (p-1)/(v·m+p-1) of the step.
+
+Every forward and backward is timed on every rank: the measured bubble (idle fraction of the step)
+stands beside the formula and beside `simulate`, the same schedule replayed with zero-cost
+messages. After the flush, gradients of the parts replicated over data-parallel ranks are summed
+over them; `Plan` is where tensor and expert parallelism plug in their own layers (see hybrid.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import functional as F
+from .common import RunResult, Setup, StepTimer, global_batch, micro_batches, traffic
+from .data import shard_rows
+from .model import Model
+from .serial import Replica
+
+Op = tuple[str, int, int]   # ("F" or "B", micro-batch, chunk of this rank)
+BUBBLE_MARGIN = 0.05        # |measured - formula| bubble fraction allowed when stage costs are equal
+BACKWARD_COST = 2.0         # backward sleeps this many `stage_seconds` (a backward is ~2 forwards)
+
+
+# -- schedules: what each pipeline rank runs, in order ------------------------------------------
+
+def gpipe(p: int, m: int, rank: int) -> list[Op]:
+    """All forwards, then all backwards (GPipe)."""
+    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+
+
+def one_f_one_b(p: int, m: int, rank: int) -> list[Op]:
+    """p - rank - 1 warm-up forwards, then alternate one forward, one backward; cool down."""
+    warmup = min(p - rank - 1, m)
+    ops: list[Op] = [("F", i, 0) for i in range(warmup)]
+    for i in range(m - warmup):
+        ops += [("F", warmup + i, 0), ("B", i, 0)]
+    return ops + [("B", i, 0) for i in range(m - warmup, m)]
+
+
+def interleaved(p: int, m: int, v: int, rank: int) -> list[Op]:
+    """Megatron-LM's interleaved 1F1B: the k-th forward of a rank is micro-batch
+    (k // pv)·p + k % p of chunk (k // p) % v (backwards: chunks in reverse); warm-up
+    2(p - rank - 1) + (v - 1)·p forwards."""
+    total = m * v
+
+    def op(kind: str, k: int) -> Op:
+        group, within = divmod(k, p * v)
+        chunk = within // p
+        return kind, group * p + within % p, chunk if kind == "F" else v - 1 - chunk
+
+    warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    ops = [op("F", k) for k in range(warmup)]
+    for i in range(total - warmup):
+        ops += [op("F", warmup + i), op("B", i)]
+    return ops + [op("B", k) for k in range(total - warmup, total)]
+
+
+def schedule(strategy: str, p: int, m: int, v: int, rank: int) -> list[Op]:
+    """The op list of pipeline rank `rank` for `strategy`."""
+    if strategy == "gpipe":
+        return gpipe(p, m, rank)
+    if strategy == "interleaved":
+        return interleaved(p, m, v, rank)
+    return one_f_one_b(p, m, rank)
+
+
+def simulate(ops: list[list[Op]], p: int, v: int, cost) -> list[list[tuple[float, float]]]:
+    """Replay the ranks' op lists with free messages: each op starts once its rank is free and its
+    input exists (forward: the previous stage's forward; backward: the next stage's backward);
+    `cost(rank, kind, chunk)` is its duration. (start, end) per op; raises on a deadlock."""
+    last = p * v - 1
+    done: dict[tuple[str, int, int], float] = {}
+    times: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    free, position = [0.0] * p, [0] * p
+    while any(position[r] < len(ops[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while position[r] < len(ops[r]):
+                kind, micro, chunk = ops[r][position[r]]
+                stage = chunk * p + r
+                needs = (("F", micro, stage - 1) if stage > 0 else None) if kind == "F" else \
+                    (("B", micro, stage + 1) if stage < last else ("F", micro, stage))
+                if needs is not None and needs not in done:
+                    break
+                start = max(free[r], done[needs] if needs else 0.0)
+                free[r] = done[(kind, micro, stage)] = start + cost(r, kind, chunk)
+                times[r].append((start, free[r]))
+                position[r] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError(f"pipeline schedule deadlocks at ops {position}")
+    return times
+
+
+def bubble_of(times: list[list[tuple[float, float]]]) -> list[float]:
+    """Per rank, the idle fraction of the span from the first op start to the last op end."""
+    start = min(t[0][0] for t in times if t)
+    span = max(t[-1][1] for t in times if t) - start
+    return [1.0 - sum(b - a for a, b in t) / span for t in times]
+
+
+def bubble_formula(p: int, m: int, v: int) -> float:
+    """(p-1)/(v·m+p-1): the idle fraction when every stage costs the same (Megatron-LM)."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def stash_formula(strategy: str, p: int, m: int, v: int, rank: int) -> int:
+    """Most chunk micro-batches whose activations a rank holds at once: m·v (GPipe), p - rank
+    (1F1B, at most p), the interleaved warm-up + 1."""
+    if strategy == "gpipe":
+        return m * v
+    if strategy == "interleaved":
+        return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1)
+    return min(m, p - rank)
+
+
+# -- stages --------------------------------------------------------------------------------------
+
+def stage_layers(layers: int, stages: int) -> list[range]:
+    """Full-model layer indices of each stage: contiguous, as even as possible."""
+    if layers < stages:
+        raise ValueError(f"a pipeline of {stages} stages needs at least {stages} layers, the model has "
+                         f"{layers}: pass --blocks {-(-(stages - 2) // 2)} or more")
+    return [range(s.start, s.stop) for s in (shard_rows(layers, stages, g) for g in range(stages))]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stage on this rank: local layers `first`..`stop` of the rank's model."""
+
+    stage: int          # global stage index g (chunk c of rank r: c·p + r)
+    first: int
+    stop: int
+    is_first: bool
+    is_last: bool
+
+    def forward(self, model: Model, flat: np.ndarray, x: np.ndarray, targets: np.ndarray, scale: float):
+        """(output, loss, caches): the layers on `x`; the last stage also takes the loss."""
+        caches, loss = [], 0.0
+        for index in range(self.first, self.stop):
+            layer, params = model.layers[index], compute_views(model, flat, index)
+            if getattr(layer, "adds_loss", False):   # an MoE block adds its load-balancing term
+                x, cache = layer.forward(params, x, scale)
+                loss += cache.loss
+            else:
+                x, cache = layer.forward(params, x)
+            caches.append(cache)
+        if self.is_last:
+            cross_entropy, dlogits = F.cross_entropy(x, targets, scale)
+            return None, loss + cross_entropy, caches + [dlogits]
+        return np.ascontiguousarray(x, model.dtype), loss, caches   # what goes on the wire: compute dtype
+
+    def backward(self, model: Model, flat: np.ndarray, grads: np.ndarray, caches: list, dy):
+        """Accumulate the layers' gradients into `grads`; the gradient of the stage's input."""
+        dy = caches[-1] if self.is_last else dy
+        for index in range(self.stop - 1, self.first - 1, -1):
+            layer, sink = model.layers[index], model.layout.views(grads, index)
+            params = compute_views(model, flat, index)
+            if all(g.dtype == model.dtype for g in sink.values()):
+                dy = layer.backward(params, sink, caches[index - self.first], dy)
+            else:   # low-precision gradients: compute in full precision, then add in
+                full = {k: np.zeros(g.shape, model.dtype) for k, g in sink.items()}
+                dy = layer.backward(params, full, caches[index - self.first], dy)
+                for k, g in sink.items():
+                    g += full[k]
+        return None if dy is None else np.ascontiguousarray(dy, model.dtype)
+
+
+def compute_views(model: Model, flat: np.ndarray, index: int) -> dict[str, np.ndarray]:
+    """Layer `index`'s parameters in the compute dtype (a copy only for a low-precision buffer)."""
+    return {k: v.astype(model.dtype, copy=False) for k, v in model.layout.views(flat, index).items()}
+
+
+class Replicated:
+    """The plain plan: stage layers as they are, replicated over the data-parallel ranks of the stage
+    (`data_comm`, None for one). A plan says which layers a rank runs, how its parameters come from
+    and go back to the serial layout, and how gradients are summed after the flush; hybrid.py has
+    the tensor- and expert-parallel ones."""
+
+    def __init__(self, data_comm, data_rank: int, data_size: int) -> None:
+        self.data_comm, self.data_rank, self.data_size = data_comm, data_rank, data_size
+        self.counts_loss = True            # whether this rank's loss is part of the global sum
+        self.comms = [c for c in (data_comm,) if c is not None]
+
+    def layers(self, layers: list) -> list:
+        return layers
+
+    def load(self, full: Model, full_flat: np.ndarray, local: Model, out: np.ndarray, layer_map: list[int]):
+        for index, full_index in enumerate(layer_map):
+            for name, view in local.layout.views(out, index).items():
+                view[...] = full.layout.views(full_flat, full_index)[name]
+
+    def shared(self, local: Model, params: np.ndarray) -> np.ndarray:
+        """The parameters every rank of the stage holds alike (all of them here)."""
+        return params
+
+    def sync(self, local: Model, grads: np.ndarray) -> None:
+        if self.data_comm is not None and self.data_comm.size > 1:
+            self.data_comm.all_reduce(grads, out=grads)
+
+    def store(self, full: Model, local: Model, local_flat: np.ndarray, flat: np.ndarray,
+              layer_map: list[int]) -> None:
+        """Write this rank's share of the serial parameters into `flat` (zeros; summed over ranks)."""
+        if self.data_rank == 0:
+            for index, full_index in enumerate(layer_map):
+                target = full.layout.views(flat, full_index)
+                for name, view in local.layout.views(local_flat, index).items():
+                    target[name][...] = view
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+def check_setup(strategy: str, setup: Setup, size: int, inner: int = 1) -> None:
+    """Errors a user can act on, before any collective."""
+    p, m = setup.pp, setup.micro_batches
+    if size != p * setup.dp * inner:
+        raise ValueError(f"{strategy} on a grid of {p * setup.dp * inner} ranks (--pp {p} --dp {setup.dp}"
+                         f"{f' × {inner}' if inner > 1 else ''}), got {size}")
+    if strategy == "interleaved" and m % p:
+        raise ValueError(f"interleaved: --micro-batches {m} must be a multiple of --pp {p} (Megatron-LM)")
+    data = setup.dp * (inner if setup.ep > 1 else 1)
+    if setup.batch // data < m:
+        raise ValueError(f"--batch {setup.batch} over {data} data-parallel ranks leaves fewer rows than "
+                         f"--micro-batches {m}")
+
+
+def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> RunResult:
+    """The pipeline on a grid (PP outermost, then DP, then `inner` tp or ep ranks, as Megatron-LM
+    orders them); `make_plan(comm, setup, stage, position)` -> the rank's plan (collective over `comm`)."""
+    check_setup(strategy, setup, comm.size, inner)
+    p, m = setup.pp, setup.micro_batches
+    v = setup.chunks if strategy == "interleaved" else 1
+    stage_rank, position = divmod(comm.rank, comm.size // p)
+    pipe = comm.split(position, stage_rank)      # one pipeline: same (dp, tp/ep) place, every stage
+    plan = make_plan(comm, setup, stage_rank, position)
+    full = setup.build()
+    ranges = stage_layers(len(full.layers), p * v)
+    stages = [c * p + stage_rank for c in range(v)]
+    layer_map = [i for g in stages for i in ranges[g]]
+    local = Model(setup.model, setup.compute_dtype, layers=plan.layers([full.layers[i] for i in layer_map]))
+    chunks, first = [], 0
+    for g in stages:
+        chunks.append(Chunk(g, first, first + len(ranges[g]), g == 0, g == p * v - 1))
+        first += len(ranges[g])
+    replica = Replica(setup, local)
+    plan.load(full, setup.initial_params(full), local, replica.params, layer_map)
+    if replica.master is not None:
+        replica.master[...] = replica.params
+    ops = schedule(strategy, p, m, v, stage_rank)
+    width = setup.model.d_model
+    row_bytes = setup.model.seq_len * width * local.dtype.itemsize
+    records, timelines, stashes, p2p = [], [], [], []
+    for step in range(setup.steps):
+        comm.barrier()   # every rank starts the step together, so the timeline measures the schedule
+        timer = StepTimer(comm)
+        for sub in [pipe, *plan.comms]:
+            sub.reset_stats()
+        tokens, targets, scale = batch_rows(setup, step, plan.data_rank, plan.data_size)
+        micros = micro_batches(tokens, targets, m)
+        stash: dict[tuple[int, int], tuple[list, np.ndarray | None]] = {}
+        sends, events, peak, loss = [], [], 0, 0.0
+        for kind, micro, c in ops:
+            chunk, (micro_tokens, micro_targets) = chunks[c], micros[micro]
+            tag = 2 * (chunk.stage * m + micro)
+            if kind == "F":
+                x = micro_tokens
+                if not chunk.is_first:
+                    x = np.empty((len(micro_tokens), micro_tokens.shape[1], width), local.dtype)
+                    pipe.recv(x, (chunk.stage - 1) % p, tag=tag - 2 * m)
+                start = time.perf_counter()
+                y, part, caches = chunk.forward(local, replica.params, x, micro_targets, scale)
+                time.sleep(setup.stage_seconds)
+                events.append(("F", micro, c, start, time.perf_counter()))
+                loss += part
+                stash[(micro, c)] = caches
+                peak = max(peak, len(stash))
+                if y is not None:
+                    sends.append((pipe.send(y, (chunk.stage + 1) % p, tag=tag, async_op=True), y))
+            else:
+                dy = None
+                if not chunk.is_last:
+                    dy = np.empty((len(micro_tokens), micro_tokens.shape[1], width), local.dtype)
+                    pipe.recv(dy, (chunk.stage + 1) % p, tag=tag + 2 * m + 1)
+                start = time.perf_counter()
+                dx = chunk.backward(local, replica.params, replica.grads, stash.pop((micro, c)), dy)
+                time.sleep(BACKWARD_COST * setup.stage_seconds)
+                events.append(("B", micro, c, start, time.perf_counter()))
+                if dx is not None:
+                    sends.append((pipe.send(dx, (chunk.stage - 1) % p, tag=tag + 1, async_op=True), dx))
+        for work, _ in sends:
+            work.wait()
+        p2p.append(int(traffic(pipe)[0]))
+        plan.sync(local, replica.grads)   # the flush is over: sum the replicated gradients
+        replica.step()
+        record = timer.finish(step, loss if plan.counts_loss else 0.0)
+        records.append(merge_traffic(record, [pipe, *plan.comms]))
+        timelines.append(events)
+        stashes.append(peak)
+    flat = np.zeros(full.layout.total, replica.params.dtype)
+    plan.store(full, local, replica.params, flat, layer_map)
+    final = comm.all_reduce(flat, out=flat) if comm.size > 1 else flat   # one writer per element
+    extra = {"strategy": strategy, "p": p, "m": m, "v": v, "stage_rank": stage_rank, "position": position,
+             "stages": [(ranges[g].start, ranges[g].stop) for g in stages], "events": timelines,
+             "peak_stash": stashes, "p2p_sent": p2p, "stage_seconds": setup.stage_seconds,
+             "p2p_expected": p2p_formula(chunks, len(tokens), row_bytes),
+             "inner": inner, "local_digest": digest(replica.params),
+             "shared_digest": digest(plan.shared(local, replica.params))}
+    return RunResult(strategy, comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(),
+                     0, full.layout.pack(final).astype(np.float64), replicated=False, extra=extra)
+
+
+def digest(array: np.ndarray) -> str:
+    """A fingerprint of an array's bytes (replicas must agree bit for bit)."""
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def batch_rows(setup: Setup, step: int, data_rank: int, data_size: int):
+    """(tokens, targets, scale) of data-parallel rank `data_rank`: its rows of global batch `step`."""
+    cfg = setup.model
+    tokens, targets = global_batch(setup.seed, step, setup.batch, cfg.seq_len, cfg.vocab)
+    rows = shard_rows(setup.batch, data_size, data_rank)
+    return tokens[rows], targets[rows], 1.0 / targets.size
+
+
+def p2p_formula(chunks: list[Chunk], rows: int, row_bytes: int) -> int:
+    """Bytes a rank sends per step: every row's activations out of each non-last stage, its
+    gradients out of each non-first stage."""
+    crossings = sum((not c.is_last) + (not c.is_first) for c in chunks)
+    return crossings * rows * row_bytes
+
+
+def merge_traffic(record, groups: list):
+    """Add the sub-communicators' traffic (pipeline sends, data-parallel all-reduces) to a step
+    record of the world communicator."""
+    for sub in groups:
+        sent, received, per = traffic(sub)
+        record.bytes_sent += sent
+        record.bytes_received += received
+        for name, counts in per.items():
+            mine = record.by_collective.setdefault(name, {"calls": 0, "bytes_sent": 0, "bytes_received": 0})
+            for key, value in counts.items():
+                mine[key] += value
+    return record
+
+
+def data_parallel_plan(comm, setup: Setup, stage: int, position: int) -> Replicated:
+    """DP × PP: the dp ranks of one stage are data-parallel replicas of it."""
+    data_comm = comm.split(stage, position) if setup.dp > 1 else None
+    return Replicated(data_comm, position, setup.dp)
+
+
+def train_gpipe(comm, setup: Setup) -> RunResult:
+    """GPipe: all forwards, then all backwards (× --dp replicas)."""
+    return train(comm, setup, "gpipe")
+
+
+def train_1f1b(comm, setup: Setup) -> RunResult:
+    """1F1B: warm-up, one forward one backward, cool-down (× --dp replicas)."""
+    return train(comm, setup, "1f1b")
+
+
+def train_interleaved(comm, setup: Setup) -> RunResult:
+    """Interleaved 1F1B with --chunks v model chunks per rank (× --dp replicas)."""
+    return train(comm, setup, "interleaved")
+
+
+def train(comm, setup: Setup, strategy: str = "1f1b") -> RunResult:
+    """Train with pipeline schedule `strategy`; --dp D replicates the pipeline D times."""
+    if setup.tp > 1 or setup.ep > 1:
+        raise ValueError(f"{strategy} is pipeline (× data) parallel; for --tp or --ep use 3d or pp_ep")
+    return run_pipeline(comm, setup, strategy, 1, data_parallel_plan)
+
+
+def world_size(strategy: str, setup: Setup) -> int:
+    """pp × dp ranks."""
+    return setup.pp * setup.dp
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+def step_timeline(results: list[RunResult], step: int) -> list[list[tuple[str, int, int, float, float]]]:
+    """One pipeline's ops of `step`, per stage rank, times in seconds from the step's first op."""
+    pipeline = sorted((r for r in results if r.extra["position"] == 0), key=lambda r: r.extra["stage_rank"])
+    events = [r.extra["events"][step] for r in pipeline]
+    origin = min(e[3] for rank in events for e in rank)
+    return [[(k, micro, c, a - origin, b - origin) for k, micro, c, a, b in rank] for rank in events]
+
+
+def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
+    """Per step: the measured bubble per rank beside the formula and the simulated schedule, peak
+    stashed micro-batches beside the formula, point-to-point bytes beside what the stages imply."""
+    first = results[0].extra
+    p, m, v = first["p"], first["m"], first["v"]
+    ops = [schedule(strategy, p, m, v, r) for r in range(p)]
+    equal = bubble_of(simulate(ops, p, v, lambda r, kind, c: BACKWARD_COST if kind == "B" else 1.0))
+    steps = []
+    for index in range(len(first["events"])):
+        timeline = step_timeline(results, index)
+        cost: dict[tuple[int, str, int], list[float]] = {}
+        for r, rank in enumerate(timeline):
+            for kind, _, c, a, b in rank:
+                cost.setdefault((r, kind, c), []).append(b - a)
+        means = {key: float(np.mean(durations)) for key, durations in cost.items()}
+        measured_costs = bubble_of(simulate(ops, p, v, lambda r, kind, c, means=means: means[(r, kind, c)]))
+        measured = bubble_of([[(a, b) for *_, a, b in rank] for rank in timeline])
+        steps.append({"step": index, "span": max(rank[-1][4] for rank in timeline),
+                      "bubble": measured, "bubble_mean": float(np.mean(measured)),
+                      "simulated_with_measured_costs": float(np.mean(measured_costs))})
+    by_rank = sorted(results, key=lambda r: r.rank)
+    digests: dict[tuple, set[str]] = {}
+    for r in results:   # the same part of the model (stage, tp/ep place), and the stage's shared part
+        digests.setdefault((r.extra["stage_rank"], r.extra["position"] % r.extra["inner"]),
+                           set()).add(r.extra["local_digest"])
+        digests.setdefault((r.extra["stage_rank"], "shared"), set()).add(r.extra["shared_digest"])
+    return {"schedule": strategy, "p": p, "m": m, "v": v, "stage_seconds": first["stage_seconds"],
+            "stage_layers": [r.extra["stages"] for r in by_rank if r.extra["position"] == 0],
+            "bubble_formula": bubble_formula(p, m, v), "bubble_simulated_equal_stages": float(np.mean(equal)),
+            "bubble_margin": BUBBLE_MARGIN,
+            "peak_stash": [max(r.extra["peak_stash"]) for r in by_rank],
+            "stash_formula": [stash_formula(strategy, p, m, v, r.extra["stage_rank"]) for r in by_rank],
+            "p2p_sent": [r.extra["p2p_sent"] for r in by_rank],
+            "p2p_expected": [r.extra["p2p_expected"] for r in by_rank],
+            "replicas_identical": all(len(d) == 1 for d in digests.values()),
+            "steps": steps, "timeline": step_timeline(results, len(steps) - 1) if steps else []}
+
+
+def format_lines(part: dict) -> list[str]:
+    """The pipeline figures for the terminal."""
+    p, m, v = part["p"], part["m"], part["v"]
+    lines = [f"  pipeline {part['schedule']}: p = {p} stages{f' × v = {v} chunks' if v > 1 else ''}, "
+             f"m = {m} micro-batches; layers per stage {part['stage_layers']}"
+             + (f"; {part['stage_seconds'] * 1e3:g} ms sleep per stage forward (backward "
+                f"{BACKWARD_COST:g}×)" if part["stage_seconds"] else "")]
+    formula = "(p-1)/(v·m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
+    for row in part["steps"]:
+        lines.append(f"    step {row['step']:3d} bubble {row['bubble_mean']:.3f} "
+                     f"(per rank {', '.join(f'{b:.3f}' for b in row['bubble'])}; formula {formula} = "
+                     f"{part['bubble_formula']:.3f}; this schedule at the measured stage costs "
+                     f"{row['simulated_with_measured_costs']:.3f})")
+    bound = {"gpipe": "GPipe: m·v", "1f1b": "1F1B: p - rank, at most p"}.get(part["schedule"],
+                                                                        "interleaved: warm-up + 1")
+    lines.append(f"  peak stashed micro-batches per rank {part['peak_stash']} "
+                 f"(formula {part['stash_formula']}, {bound})")
+    lines.append(f"  point-to-point sent per rank, step 0: {[s[0] for s in part['p2p_sent']]} B "
+                 f"(the stages imply {part['p2p_expected']} B)")
+    lines.append(f"  replicated parameters identical on every rank: {part['replicas_identical']}")
+    return lines
+
+
+def problems(part: dict) -> list[str]:
+    """Stash or point-to-point bytes off their formulas, replicas that differ, and (stages of equal
+    cost, --stage-seconds) a median bubble more than BUBBLE_MARGIN off the formula."""
+    found = []
+    if part["peak_stash"] != part["stash_formula"]:
+        found.append(f"peak stash {part['peak_stash']} != formula {part['stash_formula']}")
+    for rank, (sent, expected) in enumerate(zip(part["p2p_sent"], part["p2p_expected"], strict=True)):
+        if any(s != expected for s in sent):
+            found.append(f"rank {rank}: point-to-point sent {sent} B per step, stages imply {expected} B")
+    if not part["replicas_identical"]:
+        found.append("replicated parameters differ between ranks")
+    if part["stage_seconds"] and part["steps"]:
+        median = float(np.median([row["bubble_mean"] for row in part["steps"]]))
+        if abs(median - part["bubble_formula"]) > part["bubble_margin"]:
+            found.append(f"median bubble {median:.3f}, formula {part['bubble_formula']:.3f} "
+                         f"± {part['bubble_margin']}")
+    return found
+
+
+COLOURS = {"F": "tab:blue", "B": "tab:orange"}
+
+
+def plot(part: dict, path: str) -> None:
+    """The last step's measured schedule: one row per pipeline rank, forwards blue, backwards
+    orange (chunks lighter to darker), micro-batch numbers on the bars, gaps are the bubble."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"  --plot {path}: matplotlib is not installed, no picture drawn (pip install matplotlib)")
+        return
+    timeline, v = part["timeline"], part["v"]
+    figure, axis = plt.subplots(figsize=(10, 0.6 * len(timeline) + 1.5))
+    for rank, ops in enumerate(timeline):
+        for kind, micro, chunk, start, stop in ops:
+            axis.barh(rank, (stop - start) * 1e3, left=start * 1e3, color=COLOURS[kind],
+                      alpha=1.0 - 0.5 * chunk / max(1, v), edgecolor="black", linewidth=0.5)
+            axis.text((start + stop) / 2 * 1e3, rank, str(micro), ha="center", va="center", fontsize=7)
+    axis.set_yticks(range(len(timeline)), [f"rank {r}" for r in range(len(timeline))])
+    axis.invert_yaxis()
+    axis.set_xlabel("ms since the step's first forward")
+    last = part["steps"][-1]
+    axis.set_title(f"{part['schedule']}: p = {part['p']}, m = {part['m']}"
+                   f"{f', v = {v}' if v > 1 else ''}; bubble {last['bubble_mean']:.3f} "
+                   f"(formula {part['bubble_formula']:.3f}); blue forward, orange backward")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
