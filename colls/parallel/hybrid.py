@@ -1,0 +1,148 @@
+"""`pp_ep` and `3d`: the pipeline of pipeline.py with expert or tensor parallelism inside each stage.
+
+The ranks form a grid, PP outermost, then DP, then the innermost tp or ep ranks on consecutive
+ranks (Megatron-LM's order: TP needs the fastest links, so it stays inside a server; Narayanan et
+al. 2021): rank = (stage · dp + dp_rank) · inner + inner_rank, e.g. 8 ranks as PP 2 × DP 2 × TP 2.
+Every group is a `split` of the world: one pipeline (same dp and inner place, every stage) carries
+the activations; inside a stage the inner group runs the tensor- or expert-parallel layers, and
+after the pipeline flush the gradients of what is replicated are summed over the stage's
+data-parallel ranks.
+
+- `pp_ep`: every MLP an MoE block whose experts are spread over the ep ranks of the stage
+  (expert.py); the ep ranks are data parallel for everything else, so a stage's dp × ep ranks
+  each take their own rows; replicated gradients are summed over those dp · ep ranks, an expert's
+  over the dp ranks that hold it.
+- `3d`: DP × TP × PP; attention and MLP are Megatron column/row-parallel over the tp ranks
+  (tensor.py); the tp ranks see the same rows, and gradients are summed over dp.
+
+The schedule is 1F1B (interleaved with --chunks > 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import pipeline
+from .common import RunResult, Setup
+from .expert import all_reduce_ranges, expert_parallel_layers, expert_ranges, replicated_ranges, shard
+from .layers import MoE
+from .model import Model
+
+
+class ExpertStages(pipeline.Replicated):
+    """A stage's MoE blocks expert parallel over `ep_comm`; replicated parts summed over the stage's
+    dp · ep ranks (`data_comm`), experts over the dp ranks holding them (`expert_dp_comm`)."""
+
+    def __init__(self, ep_comm, data_comm, expert_dp_comm, data_rank: int, data_size: int,
+                 expert_writer: bool) -> None:
+        super().__init__(data_comm, data_rank, data_size)
+        self.ep_comm, self.expert_dp_comm, self.expert_writer = ep_comm, expert_dp_comm, expert_writer
+        self.comms = [c for c in (ep_comm, data_comm, expert_dp_comm) if c is not None]
+
+    def layers(self, layers: list) -> list:
+        return expert_parallel_layers(layers, self.ep_comm)
+
+    def load(self, full: Model, full_flat: np.ndarray, local: Model, out: np.ndarray, layer_map: list[int]):
+        shard(full, full_flat, local, out, layer_map)
+
+    def shared(self, local: Model, params: np.ndarray) -> np.ndarray:
+        return np.concatenate([params[a:b] for a, b in replicated_ranges(local)])
+
+    def sync(self, local: Model, grads: np.ndarray) -> None:
+        all_reduce_ranges(self.data_comm, grads, replicated_ranges(local))
+        all_reduce_ranges(self.expert_dp_comm, grads, expert_ranges(local))
+
+    def store(self, full: Model, local: Model, local_flat: np.ndarray, flat: np.ndarray,
+              layer_map: list[int]) -> None:
+        """Rank (dp 0, ep 0) of a stage writes the replicated tensors, dp 0 its own experts."""
+        for index, (layer, full_index) in enumerate(zip(local.layers, layer_map, strict=True)):
+            target = full.layout.views(flat, full_index)
+            for name, view in local.layout.views(local_flat, index).items():
+                if isinstance(layer, MoE) and name in MoE.EXPERT_TENSORS:
+                    if self.expert_writer:
+                        target[name][layer.owned] = view
+                elif self.data_rank == 0:
+                    target[name][...] = view
+
+
+def expert_plan(comm, setup: Setup, stage: int, position: int) -> ExpertStages:
+    """The groups of a PP × DP × EP grid (collective over `comm`: every rank makes every split)."""
+    dp, ep = setup.dp, setup.ep
+    dp_rank, ep_rank = divmod(position, ep)
+    ep_comm = comm.split(stage * dp + dp_rank, ep_rank)
+    data_comm = comm.split(stage, position) if dp * ep > 1 else None
+    expert_dp_comm = comm.split(stage * ep + ep_rank, dp_rank) if dp > 1 else None
+    return ExpertStages(ep_comm, data_comm, expert_dp_comm, position, dp * ep, expert_writer=dp_rank == 0)
+
+
+def schedule_of(setup: Setup) -> str:
+    """1F1B, or interleaved 1F1B with --chunks > 1."""
+    return "interleaved" if setup.chunks > 1 else "1f1b"
+
+
+def train_pp_ep(comm, setup: Setup) -> RunResult:
+    """PP × DP × EP: an MoE model whose experts are spread over each stage's ep ranks."""
+    if setup.model.experts < 1:
+        raise ValueError("pp_ep needs an MoE model: pass --experts E (E >= 1)")
+    if setup.tp > 1:
+        raise ValueError("pp_ep is PP × DP × EP; --tp belongs to 3d")
+    result = pipeline.run_pipeline(comm, setup, schedule_of(setup), setup.ep, expert_plan)
+    result.strategy = "pp_ep"
+    return result
+
+
+def train_3d(comm, setup: Setup) -> RunResult:
+    """DP × TP × PP: Megatron tensor-parallel layers in every stage of the pipeline."""
+    if setup.ep > 1:
+        raise ValueError("3d is PP × DP × TP; --ep belongs to pp_ep")
+    plan = tensor_plan if setup.tp > 1 else pipeline.data_parallel_plan
+    result = pipeline.run_pipeline(comm, setup, schedule_of(setup), setup.tp, plan)
+    result.strategy = "3d"
+    return result
+
+
+def train(comm, setup: Setup) -> RunResult:
+    """pp_ep when --ep > 1 or the model has experts, else 3d."""
+    return train_pp_ep(comm, setup) if setup.ep > 1 else train_3d(comm, setup)
+
+
+def coordinates(rank: int, setup: Setup, strategy: str) -> tuple[int, int, int]:
+    """(stage, dp rank, tp or ep rank) of `rank`: rank = (stage · dp + dp_rank) · inner + inner_rank."""
+    inner = setup.ep if strategy == "pp_ep" else setup.tp
+    stage, position = divmod(rank, setup.dp * inner)
+    return (stage, *divmod(position, inner))
+
+
+def world_size(strategy: str, setup: Setup) -> int:
+    """pp × dp × (tp or ep) ranks."""
+    return setup.pp * setup.dp * (setup.ep if strategy == "pp_ep" else setup.tp)
+
+
+def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
+    """The pipeline's figures (bubble, stash, point-to-point bytes, replicas) and the grid."""
+    part = pipeline.report(schedule_of(setup), setup, results)
+    inner = "ep" if strategy == "pp_ep" else "tp"
+    part["grid"] = {"pp": setup.pp, "dp": setup.dp, inner: getattr(setup, inner),
+                    "order": f"{inner} innermost, then dp, pp outermost"}
+    return part
+
+
+def format_lines(part: dict) -> list[str]:
+    """The grid, then the pipeline's lines."""
+    grid = part["grid"]
+    sizes = " × ".join(f"{k.upper()} {v}" for k, v in grid.items() if k != "order")
+    return [f"  grid {sizes} ({grid['order']})", *pipeline.format_lines(part)]
+
+
+problems = pipeline.problems
+plot = pipeline.plot
+
+
+def tensor_plan_module():
+    """colls.parallel.tensor, once it offers what a pipeline stage needs."""
+    from . import tensor
+    return tensor
+
+
+def tensor_plan(comm, setup: Setup, stage: int, position: int):
+    raise NotImplementedError("3d with --tp > 1 waits for colls.parallel.tensor")
