@@ -267,7 +267,7 @@ def test_uniform_router_aux_loss_is_alpha(top_k):
 
 def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="--experts"):
-        expert.check_setup(Setup(ep=2), 2)
+        expert.world_size("ep", Setup(ep=2))
     with pytest.raises(ValueError, match="needs 4 ranks"):
         expert.check_setup(moe_setup(2, 4, dp=2), 3)
     with pytest.raises(ValueError, match="top_k=2"):

@@ -223,7 +223,8 @@ def off_rank_rows(model: Model, caches: list) -> list[tuple[int, int, int]]:
 # -- the loop ------------------------------------------------------------------------------------
 
 def world_size(strategy: str, setup: Setup) -> int:
-    """dp x ep ranks."""
+    """dp x ep ranks (ValueError before anything starts if the setup has no experts)."""
+    check_setup(setup, setup.dp * setup.ep)
     return setup.dp * setup.ep
 
 
