@@ -242,87 +242,110 @@ def check_setup(strategy: str, setup: Setup, size: int, inner: int = 1) -> None:
                          f"--micro-batches {m}")
 
 
+class PipelineRank:
+    """One rank's part of the pipeline: its chunks, their parameters, and its op list. Grid: PP
+    outermost, then DP, then `inner` tp or ep ranks (Megatron-LM's order); `make_plan(comm, setup,
+    stage, position)` makes the rank's plan (collective over `comm`)."""
+
+    def __init__(self, comm, setup: Setup, strategy: str, inner: int, make_plan) -> None:
+        check_setup(strategy, setup, comm.size, inner)
+        self.setup, self.strategy, self.inner = setup, strategy, inner
+        p, m = setup.pp, setup.micro_batches
+        self.p, self.m, self.v = p, m, setup.chunks if strategy == "interleaved" else 1
+        self.stage_rank, self.position = divmod(comm.rank, comm.size // p)
+        self.pipe = comm.split(self.position, self.stage_rank)   # same (dp, tp/ep) place, every stage
+        self.plan = make_plan(comm, setup, self.stage_rank, self.position)
+        self.full = setup.build()
+        self.ranges = stage_layers(len(self.full.layers), p * self.v)
+        self.stages = [c * p + self.stage_rank for c in range(self.v)]
+        self.layer_map = [i for g in self.stages for i in self.ranges[g]]
+        self.local = Model(setup.model, setup.compute_dtype,
+                           layers=self.plan.layers([self.full.layers[i] for i in self.layer_map]))
+        self.chunks, first = [], 0
+        for g in self.stages:
+            self.chunks.append(Chunk(g, first, first + len(self.ranges[g]), g == 0, g == p * self.v - 1))
+            first += len(self.ranges[g])
+        self.replica = Replica(setup, self.local)
+        self.plan.load(self.full, setup.initial_params(self.full), self.local, self.replica.params,
+                       self.layer_map)
+        if self.replica.master is not None:
+            self.replica.master[...] = self.replica.params
+        self.ops = schedule(strategy, p, m, self.v, self.stage_rank)
+
+    def activation(self, rows: int) -> np.ndarray:
+        """A buffer for one micro-batch's activations (or their gradient) between stages."""
+        cfg = self.setup.model
+        return np.empty((rows, cfg.seq_len, cfg.d_model), self.local.dtype)
+
+    def step(self, step: int) -> tuple[float, list, int]:
+        """Run the op list on batch `step`: (local loss, timed ops, peak stashed chunk micro-batches).
+        A message's tag names its sending stage, micro-batch and direction: 2(g·m + i) + (0 forward,
+        1 backward)."""
+        p, m, params, grads = self.p, self.m, self.replica.params, self.replica.grads
+        tokens, targets, scale = batch_rows(self.setup, step, self.plan.data_rank, self.plan.data_size)
+        micros = micro_batches(tokens, targets, m)
+        stash: dict[tuple[int, int], list] = {}
+        sends, events, peak, loss = [], [], 0, 0.0
+        for kind, micro, c in self.ops:
+            chunk, (micro_tokens, micro_targets) = self.chunks[c], micros[micro]
+            tag = 2 * (chunk.stage * m + micro)
+            if kind == "F":
+                x = micro_tokens
+                if not chunk.is_first:   # the previous stage's output
+                    x = self.pipe.recv(self.activation(len(micro_tokens)), (chunk.stage - 1) % p, tag - 2 * m)
+                start = time.perf_counter()
+                y, part, stash[(micro, c)] = chunk.forward(self.local, params, x, micro_targets, scale)
+                time.sleep(self.setup.stage_seconds)
+                loss, peak = loss + part, max(peak, len(stash))
+                out, peer = y, (chunk.stage + 1) % p
+            else:
+                dy = None
+                if not chunk.is_last:    # the next stage's input gradient
+                    dy = self.pipe.recv(self.activation(len(micro_tokens)), (chunk.stage + 1) % p,
+                                        tag + 2 * m + 1)
+                start = time.perf_counter()
+                out = chunk.backward(self.local, params, grads, stash.pop((micro, c)), dy)
+                time.sleep(BACKWARD_COST * self.setup.stage_seconds)
+                peer, tag = (chunk.stage - 1) % p, tag + 1
+            events.append((kind, micro, c, start, time.perf_counter()))
+            if out is not None:   # asynchronous: a rank only ever waits for its inputs
+                sends.append((self.pipe.send(out, peer, tag=tag, async_op=True), out))
+        for work, _ in sends:
+            work.wait()
+        return loss, events, peak
+
+
 def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> RunResult:
-    """The pipeline on a grid (PP outermost, then DP, then `inner` tp or ep ranks, as Megatron-LM
-    orders them); `make_plan(comm, setup, stage, position)` -> the rank's plan (collective over `comm`)."""
-    check_setup(strategy, setup, comm.size, inner)
-    p, m = setup.pp, setup.micro_batches
-    v = setup.chunks if strategy == "interleaved" else 1
-    stage_rank, position = divmod(comm.rank, comm.size // p)
-    pipe = comm.split(position, stage_rank)      # one pipeline: same (dp, tp/ep) place, every stage
-    plan = make_plan(comm, setup, stage_rank, position)
-    full = setup.build()
-    ranges = stage_layers(len(full.layers), p * v)
-    stages = [c * p + stage_rank for c in range(v)]
-    layer_map = [i for g in stages for i in ranges[g]]
-    local = Model(setup.model, setup.compute_dtype, layers=plan.layers([full.layers[i] for i in layer_map]))
-    chunks, first = [], 0
-    for g in stages:
-        chunks.append(Chunk(g, first, first + len(ranges[g]), g == 0, g == p * v - 1))
-        first += len(ranges[g])
-    replica = Replica(setup, local)
-    plan.load(full, setup.initial_params(full), local, replica.params, layer_map)
-    if replica.master is not None:
-        replica.master[...] = replica.params
-    ops = schedule(strategy, p, m, v, stage_rank)
-    width = setup.model.d_model
-    row_bytes = setup.model.seq_len * width * local.dtype.itemsize
+    """Train with pipeline schedule `strategy` on the grid; RunResult.params: the full parameters."""
+    rank = PipelineRank(comm, setup, strategy, inner, make_plan)
+    plan, replica, pipe = rank.plan, rank.replica, rank.pipe
     records, timelines, stashes, p2p = [], [], [], []
     for step in range(setup.steps):
         comm.barrier()   # every rank starts the step together, so the timeline measures the schedule
         timer = StepTimer(comm)
         for sub in [pipe, *plan.comms]:
             sub.reset_stats()
-        tokens, targets, scale = batch_rows(setup, step, plan.data_rank, plan.data_size)
-        micros = micro_batches(tokens, targets, m)
-        stash: dict[tuple[int, int], tuple[list, np.ndarray | None]] = {}
-        sends, events, peak, loss = [], [], 0, 0.0
-        for kind, micro, c in ops:
-            chunk, (micro_tokens, micro_targets) = chunks[c], micros[micro]
-            tag = 2 * (chunk.stage * m + micro)
-            if kind == "F":
-                x = micro_tokens
-                if not chunk.is_first:
-                    x = np.empty((len(micro_tokens), micro_tokens.shape[1], width), local.dtype)
-                    pipe.recv(x, (chunk.stage - 1) % p, tag=tag - 2 * m)
-                start = time.perf_counter()
-                y, part, caches = chunk.forward(local, replica.params, x, micro_targets, scale)
-                time.sleep(setup.stage_seconds)
-                events.append(("F", micro, c, start, time.perf_counter()))
-                loss += part
-                stash[(micro, c)] = caches
-                peak = max(peak, len(stash))
-                if y is not None:
-                    sends.append((pipe.send(y, (chunk.stage + 1) % p, tag=tag, async_op=True), y))
-            else:
-                dy = None
-                if not chunk.is_last:
-                    dy = np.empty((len(micro_tokens), micro_tokens.shape[1], width), local.dtype)
-                    pipe.recv(dy, (chunk.stage + 1) % p, tag=tag + 2 * m + 1)
-                start = time.perf_counter()
-                dx = chunk.backward(local, replica.params, replica.grads, stash.pop((micro, c)), dy)
-                time.sleep(BACKWARD_COST * setup.stage_seconds)
-                events.append(("B", micro, c, start, time.perf_counter()))
-                if dx is not None:
-                    sends.append((pipe.send(dx, (chunk.stage - 1) % p, tag=tag + 1, async_op=True), dx))
-        for work, _ in sends:
-            work.wait()
+        loss, events, peak = rank.step(step)
         p2p.append(int(traffic(pipe)[0]))
-        plan.sync(local, replica.grads)   # the flush is over: sum the replicated gradients
+        plan.sync(rank.local, replica.grads)   # the flush is over: sum the replicated gradients
         replica.step()
         record = timer.finish(step, loss if plan.counts_loss else 0.0)
         records.append(merge_traffic(record, [pipe, *plan.comms]))
         timelines.append(events)
         stashes.append(peak)
+    full = rank.full
     flat = np.zeros(full.layout.total, replica.params.dtype)
-    plan.store(full, local, replica.params, flat, layer_map)
+    plan.store(full, rank.local, replica.params, flat, rank.layer_map)
     final = comm.all_reduce(flat, out=flat) if comm.size > 1 else flat   # one writer per element
-    extra = {"strategy": strategy, "p": p, "m": m, "v": v, "stage_rank": stage_rank, "position": position,
-             "stages": [(ranges[g].start, ranges[g].stop) for g in stages], "events": timelines,
-             "peak_stash": stashes, "p2p_sent": p2p, "stage_seconds": setup.stage_seconds,
-             "p2p_expected": p2p_formula(chunks, len(tokens), row_bytes),
-             "inner": inner, "local_digest": digest(replica.params),
-             "shared_digest": digest(plan.shared(local, replica.params))}
+    rows = len(batch_rows(setup, 0, plan.data_rank, plan.data_size)[0])
+    row_bytes = setup.model.seq_len * setup.model.d_model * rank.local.dtype.itemsize
+    extra = {"strategy": strategy, "p": rank.p, "m": rank.m, "v": rank.v, "stage_rank": rank.stage_rank,
+             "position": rank.position, "inner": inner, "stage_seconds": setup.stage_seconds,
+             "stages": [(rank.ranges[g].start, rank.ranges[g].stop) for g in rank.stages],
+             "events": timelines, "peak_stash": stashes, "p2p_sent": p2p,
+             "p2p_expected": p2p_formula(rank.chunks, rows, row_bytes),
+             "local_digest": digest(replica.params),
+             "shared_digest": digest(plan.shared(rank.local, replica.params))}
     return RunResult(strategy, comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(),
                      0, full.layout.pack(final).astype(np.float64), replicated=False, extra=extra)
 
@@ -504,13 +527,19 @@ def plot(part: dict, path: str) -> None:
             axis.barh(rank, (stop - start) * 1e3, left=start * 1e3, color=COLOURS[kind],
                       alpha=1.0 - 0.5 * chunk / max(1, v), edgecolor="black", linewidth=0.5)
             axis.text((start + stop) / 2 * 1e3, rank, str(micro), ha="center", va="center", fontsize=7)
+    from matplotlib.patches import Patch
+    names = {"F": "forward", "B": "backward"}
+    axis.legend(handles=[Patch(color=COLOURS[kind], alpha=1.0 - 0.5 * c / max(1, v),
+                               label=names[kind] + (f" chunk {c}" if v > 1 else ""))
+                         for kind in "FB" for c in range(v)],
+                loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2 * v, fontsize="small", frameon=False)
     axis.set_yticks(range(len(timeline)), [f"rank {r}" for r in range(len(timeline))])
     axis.invert_yaxis()
     axis.set_xlabel("ms since the step's first forward")
     last = part["steps"][-1]
     axis.set_title(f"{part['schedule']}: p = {part['p']}, m = {part['m']}"
                    f"{f', v = {v}' if v > 1 else ''}; bubble {last['bubble_mean']:.3f} "
-                   f"(formula {part['bubble_formula']:.3f}); blue forward, orange backward")
+                   f"(formula {part['bubble_formula']:.3f}); numbers: micro-batches")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
