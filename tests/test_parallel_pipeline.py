@@ -16,7 +16,7 @@ from functools import cache
 
 import pytest
 
-from colls.parallel import pipeline
+from colls.parallel import pipeline, schedule
 from colls.parallel.common import Setup
 from colls.parallel.model import ModelConfig
 from colls.parallel.serial import train_serial
@@ -53,31 +53,31 @@ SHAPES = [("gpipe", 2, 4, 1), ("gpipe", 3, 5, 1), ("1f1b", 3, 6, 1), ("1f1b", 4,
 
 @pytest.mark.parametrize("strategy,p,m,v", SHAPES)
 def test_schedule_runs_every_op_once_with_the_formula_bubble_and_stash(strategy, p, m, v):
-    ops = [pipeline.schedule(strategy, p, m, v, r) for r in range(p)]
+    ops = [schedule.schedule(strategy, p, m, v, r) for r in range(p)]
     for rank_ops in ops:
         assert sorted(rank_ops) == sorted((k, i, c) for k in "FB" for i in range(m) for c in range(v))
     for backward in (1.0, 2.0):   # any backward/forward ratio, as long as every stage costs the same
-        times = pipeline.simulate(ops, p, v, lambda r, kind, c, b=backward: b if kind == "B" else 1.0)
-        for bubble in pipeline.bubble_of(times):
-            assert bubble == pytest.approx(pipeline.bubble_formula(p, m, v), abs=1e-12)
+        times = schedule.simulate(ops, p, v, lambda r, kind, c, b=backward: b if kind == "B" else 1.0)
+        for bubble in schedule.bubble_of(times):
+            assert bubble == pytest.approx(schedule.bubble_formula(p, m, v), abs=1e-12)
     for r, rank_ops in enumerate(ops):
         live = peak = 0
         for kind, _, _ in rank_ops:
             live += 1 if kind == "F" else -1
             peak = max(peak, live)
-        assert peak == pipeline.stash_formula(strategy, p, m, v, r)
+        assert peak == schedule.stash_formula(strategy, p, m, v, r)
         assert peak == (m * v if strategy == "gpipe" else min(m, p - r) if strategy == "1f1b" else peak)
 
 
 def test_1f1b_stashes_at_most_p_and_gpipe_m():
-    assert [pipeline.stash_formula("1f1b", 4, 8, 1, r) for r in range(4)] == [4, 3, 2, 1]
-    assert [pipeline.stash_formula("gpipe", 4, 8, 1, r) for r in range(4)] == [8] * 4
+    assert [schedule.stash_formula("1f1b", 4, 8, 1, r) for r in range(4)] == [4, 3, 2, 1]
+    assert [schedule.stash_formula("gpipe", 4, 8, 1, r) for r in range(4)] == [8] * 4
 
 
 def test_a_schedule_that_waits_on_itself_is_reported_as_a_deadlock():
     ops = [[("B", 0, 0), ("F", 0, 0)], [("F", 0, 0), ("B", 0, 0)]]   # rank 0's backward before its forward
     with pytest.raises(RuntimeError, match="deadlock"):
-        pipeline.simulate(ops, 2, 1, lambda r, kind, c: 1.0)
+        schedule.simulate(ops, 2, 1, lambda r, kind, c: 1.0)
 
 
 def test_stages_are_contiguous_and_even():
@@ -138,8 +138,8 @@ def test_measured_bubble_is_the_formula_when_stages_cost_the_same(strategy, grid
 
 
 def test_interleaving_shrinks_the_formula_bubble():
-    assert pipeline.bubble_formula(4, 8, 1) == pytest.approx(3 / 11)
-    assert pipeline.bubble_formula(4, 8, 2) == pytest.approx(3 / 19)
+    assert schedule.bubble_formula(4, 8, 1) == pytest.approx(3 / 11)
+    assert schedule.bubble_formula(4, 8, 2) == pytest.approx(3 / 19)
 
 
 # -- errors, the command line and the picture -----------------------------------------------------
