@@ -107,9 +107,23 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=bench_command, parser=parser)
 
 
-# Only implemented subcommands appear here (bench, train, plan join as they land).
+def add_plan(subparsers: argparse._SubParsersAction) -> None:
+    """`colls plan collective|train|scale [cluster options]`: predicted times on a simulated cluster."""
+    from .plan.cli import add_arguments, plan_command
+
+    parser = subparsers.add_parser(
+        "plan", help="predict collective and training-step times on a simulated GPU cluster",
+        description="Run the registered algorithms on the sim transport (symbolic buffers, virtual "
+                    "clocks, a leaf-spine cluster with link contention) and print predicted times: "
+                    "every algorithm of one collective, a training step's communication per parallel "
+                    "dimension and placement, or time against cluster size.")
+    add_arguments(parser)
+    parser.set_defaults(handler=plan_command, parser=parser)
+
+
+# Only implemented subcommands appear here.
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz,
-                                                                         add_train, add_bench)
+                                                                         add_train, add_bench, add_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

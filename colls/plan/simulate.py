@@ -18,7 +18,7 @@ import numpy as np
 
 from algorithms import SUM, lookup
 from algorithms.blocks import offsets
-from transports.base import COLLECTIVE_TAG_BASE, Channel
+from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic
 from transports.sim import SimTransport, SimWorld, symbolic
 
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
@@ -35,6 +35,14 @@ class Result:
     seconds: float
     messages: int
     wall_seconds: float
+    bytes_sent: int = 0        # the most any rank sent
+
+    @property
+    def busbw(self) -> float:
+        """nccl-tests' bus bandwidth, GB/s: S / t times the collective's factor."""
+        factor = {"all_reduce": 2 * (self.size - 1) / self.size, "broadcast": 1.0, "reduce": 1.0}.get(
+            self.collective, (self.size - 1) / self.size)
+        return self.nbytes / self.seconds * factor / 1e9 if self.seconds > 0 else 0.0
 
 
 def arguments(collective: str, rank: int, size: int, nbytes: int, dtype=np.float32,
@@ -73,29 +81,34 @@ def arguments(collective: str, rank: int, size: int, nbytes: int, dtype=np.float
 
 
 def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbytes: int,
-                  dtype=np.float32, root: int = 0) -> None:
-    """One rank's call of the registered `algorithm` of `collective` on symbolic buffers."""
+                  dtype=np.float32, root: int = 0) -> int:
+    """One rank's call of the registered `algorithm` of `collective` on symbolic buffers; returns
+    the bytes this rank sent (counted by the same `Traffic` counters real runs use)."""
     algo = lookup(collective, algorithm)
-    channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})")
+    traffic = Traffic(transport.size)
+    channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})", traffic)
     algo.run(channel, *arguments(collective, transport.rank, transport.size, nbytes, dtype, root))
+    return sum(traffic.bytes_sent)
 
 
 def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: int,
-                            inter_algorithm: str = "ring", dtype=np.float32) -> None:
-    """Reduce-scatter in the node, all-reduce of the shard across nodes, all-gather in the node."""
+                            inter_algorithm: str = "ring", dtype=np.float32) -> int:
+    """Reduce-scatter in the node, all-reduce of the shard across nodes, all-gather in the node;
+    returns the bytes this rank sent."""
     rank, size = transport.rank, transport.size
     node, local = divmod(rank, local_size)
     intra = transport.subgroup([node * local_size + i for i in range(local_size)], None)
     inter = transport.subgroup([k * local_size + local for k in range(size // local_size)], None)
     block = nbytes // np.dtype(dtype).itemsize // local_size
     buf, shard = symbolic(block * local_size, dtype), symbolic(block, dtype)
-    tag = COLLECTIVE_TAG_BASE
+    tag, inside, across = COLLECTIVE_TAG_BASE, Traffic(local_size), Traffic(size // local_size)
     # 1. inside the node: rank `local` ends with the node's sum of block `local`
-    lookup("reduce_scatter", "ring").run(Channel(intra, tag, math.inf, "hier rs"), buf, shard, SUM)
+    lookup("reduce_scatter", "ring").run(Channel(intra, tag, math.inf, "hier rs", inside), buf, shard, SUM)
     # 2. across nodes: the ranks holding the same block all-reduce it (each NIC carries 1/local)
-    lookup("all_reduce", inter_algorithm).run(Channel(inter, tag, math.inf, "hier ar"), shard, SUM)
+    lookup("all_reduce", inter_algorithm).run(Channel(inter, tag, math.inf, "hier ar", across), shard, SUM)
     # 3. inside the node: every rank gathers the node's blocks
-    lookup("all_gather", "ring").run(Channel(intra, tag, math.inf, "hier ag"), shard, buf)
+    lookup("all_gather", "ring").run(Channel(intra, tag, math.inf, "hier ag", inside), shard, buf)
+    return sum(inside.bytes_sent) + sum(across.bytes_sent)
 
 
 def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,
@@ -104,10 +117,11 @@ def run_world(size: int, network, body: Callable[[SimTransport], object], gamma:
     """Run `body` on every rank of a fresh `SimWorld`; the result's time is the slowest rank's."""
     world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown)
     start = time.perf_counter()
-    world.run(body)
+    sent = world.run(body)
     wall = time.perf_counter() - start
     collective, algorithm, nbytes = what
-    return Result(collective, algorithm, size, nbytes, max(world.finish_times), world.messages, wall)
+    most = max((s for s in sent if isinstance(s, int)), default=0)
+    return Result(collective, algorithm, size, nbytes, max(world.finish_times), world.messages, wall, most)
 
 
 def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, gamma: float = 0.0,
@@ -116,10 +130,10 @@ def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, g
     """Predicted time of one call on `size` ranks over `network`; with `groups` (a partition of the
     ranks, `groups[r]` the group of rank r), every group makes the call at the same time."""
 
-    def body(transport: SimTransport) -> None:
+    def body(transport: SimTransport) -> int:
         if groups is not None:
             transport = transport.subgroup(groups[transport.rank], None)
-        run_algorithm(transport, collective, algorithm, nbytes, dtype, root)
+        return run_algorithm(transport, collective, algorithm, nbytes, dtype, root)
 
     return run_world(size, network, body, gamma, copy_seconds_per_byte, slowdown,
                      (collective, algorithm, nbytes))
@@ -131,8 +145,8 @@ def simulate_hierarchical(nbytes: int, network, size: int, local_size: int, inte
     if size % local_size:
         raise ValueError(f"{size} ranks do not split into nodes of {local_size}")
 
-    def body(transport: SimTransport) -> None:
-        hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm)
+    def body(transport: SimTransport) -> int:
+        return hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm)
 
     return run_world(size, network, body, gamma, slowdown=slowdown,
                      what=("all_reduce", f"hierarchical/{inter_algorithm}", nbytes))

@@ -1,0 +1,179 @@
+"""`colls plan`: predicted times on a simulated cluster, from the `sim` transport.
+
+    colls plan collective -c all_reduce -s 1G --nodes 16       every algorithm, flat and hierarchical
+    colls plan train --params 100e9 --dp 16 --tp 8 --pp 8 --nodes 128 [--compare]
+    colls plan scale -c all_reduce -s 1G --nodes 1,2,4,8 [--plot f.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from algorithms import names
+
+from .simulate import simulate, simulate_hierarchical
+from .topology import GB, Cluster
+from .training import StepPlan, Training, compare_placements, plan_step
+
+HIERARCHICAL_INTER = ("ring", "rabenseifner", "tree", "recursive_doubling")
+
+
+def parse_bytes(text: str) -> int:
+    """'1G', '64M', '512K', '100' -> bytes (binary multiples)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(float(text))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The modes of `colls plan` and the cluster options they share."""
+    modes = parser.add_subparsers(dest="mode", required=True, metavar="mode")
+    collective = modes.add_parser("collective",
+                                  help="every algorithm of one collective, flat and hierarchical")
+    collective.add_argument("-c", "--collective", default="all_reduce")
+    collective.add_argument("-s", "--size", default="1G", help="buffer bytes S (K/M/G suffixes)")
+    train = modes.add_parser("train", help="communication per step of a DP x TP x PP (x EP) job")
+    for name, default, kind in (("params", 100e9, float), ("layers", 80, int), ("hidden", 10240, int),
+                                ("seq", 2048, int), ("micro-batch", 1, int), ("micro-batches", 16, int),
+                                ("dp", 16, int), ("tp", 8, int), ("pp", 8, int), ("ep", 1, int),
+                                ("top-k", 1, int)):
+        train.add_argument(f"--{name}", type=kind, default=default)
+    train.add_argument("--placement", default="tp,dp,pp", help="dimensions from innermost to outermost")
+    train.add_argument("--compare", action="store_true",
+                       help="also place TP across nodes and PP under one leaf, side by side")
+    scale = modes.add_parser("scale", help="predicted time against cluster size")
+    scale.add_argument("-c", "--collective", default="all_reduce")
+    scale.add_argument("-s", "--size", default="1G")
+    scale.add_argument("--plot", default=None, metavar="FILE.png", help="draw it (needs matplotlib)")
+    for mode in (collective, train, scale):
+        mode.add_argument("--nodes", default="16" if mode is not train else "128",
+                          help="nodes (scale: a comma-separated list)")
+        mode.add_argument("--ranks-per-node", type=int, default=8)
+        mode.add_argument("--nics-per-node", type=int, default=8)
+        mode.add_argument("--nic-gbps", type=float, default=50.0, help="GB/s per NIC and direction")
+        mode.add_argument("--nvlink-gbps", type=float, default=450.0, help="GB/s per GPU and direction")
+        mode.add_argument("--nodes-per-leaf", type=int, default=8)
+        mode.add_argument("--oversubscription", type=float, default=1.0, help="leaf uplink ratio, e.g. 2")
+        mode.add_argument("--slow-rank", type=int, default=None, help="a straggler rank (10x slower)")
+
+
+def cluster_of(args: argparse.Namespace, nodes: int) -> Cluster:
+    """The `Cluster` the options describe, with `nodes` nodes."""
+    return Cluster(nodes=nodes, ranks_per_node=args.ranks_per_node, nics_per_node=args.nics_per_node,
+                   nic_bandwidth=args.nic_gbps * GB, intra_bandwidth=args.nvlink_gbps * GB,
+                   nodes_per_leaf=args.nodes_per_leaf, oversubscription=args.oversubscription)
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Run the chosen mode and print its table."""
+    if args.mode == "collective":
+        return collective_table(args)
+    if args.mode == "train":
+        return train_table(args)
+    return scale_table(args)
+
+
+def _slowdown(args: argparse.Namespace) -> dict[int, float] | None:
+    return None if args.slow_rank is None else {args.slow_rank: 10.0}
+
+
+def every_algorithm(collective: str, nbytes: int, cluster: Cluster, slowdown=None):
+    """Simulated results of every flat algorithm and (all_reduce) every hierarchical composition."""
+    results = [simulate(collective, name, nbytes, cluster.network(), cluster.size, cluster.gamma,
+                        slowdown=slowdown) for name in names(collective)]
+    if collective == "all_reduce" and cluster.nodes > 1 and cluster.ranks_per_node > 1:
+        results += [simulate_hierarchical(nbytes, cluster.network(), cluster.size, cluster.ranks_per_node,
+                                          inter, cluster.gamma, slowdown) for inter in HIERARCHICAL_INTER]
+    return results
+
+
+def collective_table(args: argparse.Namespace) -> int:
+    nbytes = parse_bytes(args.size)
+    cluster = cluster_of(args, int(args.nodes))
+    print(f"# {args.collective} of {nbytes} B on {cluster.describe()}")
+    print(f"{'algorithm':<32}{'time':>12}{'busbw GB/s':>12}{'sent/rank':>14}{'messages':>10}{'sim s':>8}")
+    results = every_algorithm(args.collective, nbytes, cluster, _slowdown(args))
+    for result in sorted(results, key=lambda r: r.seconds):
+        print(f"{result.algorithm:<32}{_time(result.seconds):>12}{result.busbw:>12.1f}"
+              f"{result.bytes_sent / GB:>12.3f}GB{result.messages:>10}{result.wall_seconds:>8.1f}")
+    return 0
+
+
+def _time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def train_table(args: argparse.Namespace) -> int:
+    training = Training(params=args.params, layers=args.layers, hidden=args.hidden, seq=args.seq,
+                        micro_batch=args.micro_batch, micro_batches=args.micro_batches, dp=args.dp,
+                        tp=args.tp, pp=args.pp, ep=args.ep, top_k=args.top_k, placement=args.placement)
+    cluster = cluster_of(args, int(args.nodes))
+    print(f"# {training.params / 1e9:g}B parameters, dp {training.dp} x tp {training.tp} x pp {training.pp}"
+          f" (ep {training.ep}), {training.micro_batches} micro-batches of {training.micro_batch} x "
+          f"{training.seq} tokens, on {cluster.describe()}")
+    gradient = training.params * training.bytes_per_value
+    print(f"gradient of the whole model: {gradient / GB:.0f} GB; a ring all-reduce over n ranks sends "
+          f"2(n-1)/n of it per rank: {2 * (training.dp - 1) / training.dp * gradient / GB:.0f} GB at n = dp "
+          f"= {training.dp} without model parallelism")
+    plans = compare_placements(training, cluster) if args.compare else [plan_step(training, cluster)]
+    print(f"{'placement':<11}{'dim':<5}{'calls':>7}{'bytes/call':>12}{'per call':>12}{'per step':>12}"
+          f"{'sent/rank':>12}  algorithm")
+    for plan in plans:
+        _print_plan(plan)
+    return 0
+
+
+def _print_plan(plan: StepPlan) -> None:
+    placement = plan.training.placement
+    for d in plan.dimensions:
+        print(f"{placement:<11}{d.dimension:<5}{d.calls:>7}{d.nbytes / 1e6:>10.1f}MB"
+              f"{_time(d.seconds_per_call):>12}{_time(d.seconds):>12}{d.bytes_sent / 1e6:>10.1f}MB"
+              f"  {d.algorithm}")
+    p, m = plan.training.pp, plan.training.micro_batches
+    print(f"{placement:<11}total communication {_time(plan.communication_seconds)}; 1F1B step "
+          f"{_time(plan.pipeline_seconds)} (compute {_time(plan.pipeline_ideal)}), bubble {plan.bubble:.3f} "
+          f"simulated vs (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}")
+
+
+def scale_table(args: argparse.Namespace) -> int:
+    nbytes = parse_bytes(args.size)
+    nodes = [int(n) for n in str(args.nodes).split(",")]
+    rows: dict[str, list[float]] = {}
+    for count in nodes:
+        for result in every_algorithm(args.collective, nbytes, cluster_of(args, count)):
+            rows.setdefault(result.algorithm, []).append(result.seconds)
+    base = cluster_of(args, nodes[0])
+    print(f"# {args.collective} of {nbytes} B; nodes of {base.ranks_per_node} GPUs; time per call")
+    print(f"{'algorithm':<32}" + "".join(f"{n * base.ranks_per_node:>11}" for n in nodes))
+    for name, times in rows.items():
+        if len(times) == len(nodes):
+            print(f"{name:<32}" + "".join(f"{_time(t):>11}" for t in times))
+    if args.plot:
+        _plot(args.plot, [n * base.ranks_per_node for n in nodes], rows, args.collective, nbytes)
+    return 0
+
+
+def _plot(path: str, sizes: list[int], rows: dict[str, list[float]], collective: str, nbytes: int) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no plot: matplotlib is not installed)")
+        return
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, times in rows.items():
+        if len(times) == len(sizes):
+            axes.plot(sizes, times, marker="o", label=name)
+    axes.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="predicted seconds",
+             title=f"{collective} of {nbytes} B (colls plan, simulated)")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"plot: {path}")
