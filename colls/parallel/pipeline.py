@@ -77,18 +77,13 @@ class Chunk:
         return np.ascontiguousarray(x, model.dtype), loss, caches   # what goes on the wire: compute dtype
 
     def backward(self, model: Model, flat: np.ndarray, grads: np.ndarray, caches: list, dy):
-        """Accumulate the layers' gradients into `grads`; the gradient of the stage's input."""
+        """Accumulate the layers' gradients into `grads` (compute dtype); the gradient of the
+        stage's input."""
         dy = caches[-1] if self.is_last else dy
         for index in range(self.stop - 1, self.first - 1, -1):
-            layer, sink = model.layers[index], model.layout.views(grads, index)
-            params = compute_views(model, flat, index)
-            if all(g.dtype == model.dtype for g in sink.values()):
-                dy = layer.backward(params, sink, caches[index - self.first], dy)
-            else:   # low-precision gradients: compute in full precision, then add in
-                full = {k: np.zeros(g.shape, model.dtype) for k, g in sink.items()}
-                dy = layer.backward(params, full, caches[index - self.first], dy)
-                for k, g in sink.items():
-                    g += full[k]
+            sink = model.layout.views(grads, index)
+            dy = model.layers[index].backward(compute_views(model, flat, index), sink,
+                                              caches[index - self.first], dy)
         return None if dy is None else np.ascontiguousarray(dy, model.dtype)
 
 
@@ -179,6 +174,10 @@ class PipelineRank:
         if self.replica.master is not None:
             self.replica.master[...] = self.replica.params
         self.ops = schedule(strategy, p, m, self.v, self.stage_rank)
+        # micro-batch gradients add up in the compute dtype (Megatron-LM's fp32 main_grad), and
+        # go into the low-precision gradient buffer once, at the flush
+        working = self.replica.grads
+        self.accumulator = working if working.dtype == self.local.dtype else self.local.zeros()
 
     def activation(self, rows: int) -> np.ndarray:
         """A buffer for one micro-batch's activations (or their gradient) between stages."""
@@ -189,7 +188,7 @@ class PipelineRank:
         """Run the op list on batch `step`: (local loss, timed ops, peak stashed chunk micro-batches).
         A message's tag names its sending stage, micro-batch and direction: 2(g·m + i) + (0 forward,
         1 backward)."""
-        p, m, params, grads = self.p, self.m, self.replica.params, self.replica.grads
+        p, m, params, grads = self.p, self.m, self.replica.params, self.accumulator
         tokens, targets, scale = batch_rows(self.setup, step, self.plan.data_rank, self.plan.data_size)
         micros = micro_batches(tokens, targets, m)
         stash: dict[tuple[int, int], list] = {}
@@ -220,6 +219,9 @@ class PipelineRank:
                 sends.append((self.pipe.send(out, peer, tag=tag, async_op=True), out))
         for work, _ in sends:
             work.wait()
+        if grads is not self.replica.grads:
+            self.replica.grads[...] = grads
+            grads[...] = 0
         return loss, events, peak
 
 
