@@ -92,6 +92,26 @@ def test_calibration_model_on_shared_memory():
     assert SharedMemory(2, machine, 2).route(0, 1).alpha == 5e-6
 
 
+@pytest.mark.timeout(60)
+def test_cli_calibrate_reads_bench_and_tune_files(tmp_path):
+    import json
+
+    tune = tmp_path / "tune.json"
+    tune.write_text(json.dumps({"shm": {"alpha": 5e-6, "beta": 1e-10, "gamma": 1e-10}}))
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 2,
+              "bytes": 1 << 20}
+    runs = []
+    for i, seconds in enumerate((1e-4, 2e-4, 9e-4)):   # the median of the three runs is 2e-4
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds)]}))
+        runs.append(str(path))
+    result = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--tune", str(tune),
+                             "--cores", "2", "--bench", *runs], capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert "| broadcast | 2 | 1 MiB | binomial | 200.0 us |" in result.stdout
+    assert "2 ranks: geometric-mean error" in result.stdout
+
+
 def test_parse_bytes():
     assert parse_bytes("1G") == 1 << 30 and parse_bytes("64M") == 64 << 20 and parse_bytes("100") == 100
 

@@ -104,19 +104,25 @@ def load_tune(path: str, transport: str = "shm") -> Machine:
     return Machine(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
 
 
-def compare(bench_path: str, machine: Machine, cores: int | None = None,
+def measured_medians(bench_paths: list[str]) -> dict[tuple, float]:
+    """(collective, algorithm, ranks, bytes) -> the median over several bench runs of their medians."""
+    runs: dict[tuple, list[float]] = {}
+    for path in bench_paths:
+        for record in json.loads(open(path).read())["records"]:
+            if record.get("implementation") == "colls":
+                key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"])
+                runs.setdefault(key, []).append(record["time_median_s"])
+    return {key: float(np.median(times)) for key, times in runs.items()}
+
+
+def compare(bench_paths: list[str], machine: Machine, cores: int | None = None,
             extra: Extra = Extra()) -> list[Point]:
-    """Every colls row of a bench JSON file beside the simulator's prediction."""
-    records = json.loads(open(bench_path).read())["records"]
+    """Every colls row of one or more bench JSON files (medians across files) beside the prediction."""
     cores = cores or os.cpu_count() or 1
     points = []
-    for record in records:
-        if record.get("implementation") != "colls":
-            continue
-        collective, algorithm, ranks = record["collective"], record["algorithm"], record["ranks"]
-        nbytes = record["bytes"]
+    for (collective, algorithm, ranks, nbytes), measured in measured_medians(bench_paths).items():
         predicted = predict(collective, algorithm, ranks, nbytes, machine, cores, extra)
-        points.append(Point(collective, algorithm, ranks, nbytes, record["time_median_s"], predicted))
+        points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted))
     return points
 
 

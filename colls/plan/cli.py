@@ -47,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("-c", "--collective", default="all_reduce")
     scale.add_argument("-s", "--size", default="1G")
     scale.add_argument("--plot", default=None, metavar="FILE.png", help="draw it (needs matplotlib)")
+    calibrate = modes.add_parser("calibrate", help="predictions beside measured `colls bench --json` times")
+    calibrate.add_argument("--bench", nargs="+", required=True, metavar="FILE.json",
+                           help="bench results; several runs of the same points give their median")
+    calibrate.add_argument("--tune", default=None, metavar="FILE",
+                           help="colls tune's file (default $COLLS_TUNE_FILE or ~/.cache/colls/tune.json)")
+    calibrate.add_argument("--cores", type=int, default=None, help="CPUs (default: this machine's)")
+    calibrate.add_argument("--call-overhead-us", type=float, default=0.0, help="software per call")
+    calibrate.add_argument("--beta-64m", type=float, default=None, help="s/byte of a 64 MiB ping-pong")
+    calibrate.add_argument("--gamma-64m", type=float, default=None, help="s/byte reducing 64 MiB")
     for mode in (collective, train, scale):
         mode.add_argument("--nodes", default="16" if mode is not train else "128",
                           help="nodes (scale: a comma-separated list)")
@@ -72,7 +81,26 @@ def plan_command(args: argparse.Namespace) -> int:
         return collective_table(args)
     if args.mode == "train":
         return train_table(args)
+    if args.mode == "calibrate":
+        return calibrate_table(args)
     return scale_table(args)
+
+
+def calibrate_table(args: argparse.Namespace) -> int:
+    from colls.selection import tune_file
+
+    from .calibrate import Extra, compare, load_tune, summary, table
+
+    machine = load_tune(args.tune or str(tune_file()))
+    extra = Extra(args.call_overhead_us * 1e-6, args.beta_64m, args.gamma_64m)
+    points = compare(args.bench, machine, args.cores, extra)
+    print(f"# alpha {machine.alpha * 1e6:.2f} us, beta {1 / machine.beta / 1e9:.2f} GB/s, "
+          f"gamma {1 / machine.gamma / 1e9:.2f} GB/s; {extra}")
+    print(table(points))
+    for ranks in sorted({p.ranks for p in points}):
+        mean, worst = summary([p for p in points if p.ranks == ranks])
+        print(f"{ranks} ranks: geometric-mean error {mean * 100:.1f}%, largest {worst * 100:.1f}%")
+    return 0
 
 
 def _slowdown(args: argparse.Namespace) -> dict[int, float] | None:
