@@ -147,11 +147,19 @@ def test_interleaving_shrinks_the_formula_bubble():
 
 # -- errors, the command line and the picture -----------------------------------------------------
 
+def test_setups_that_cannot_run_are_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match="multiple of --pp 2"):
+        pipeline.world_size("interleaved", Setup(model=SMALL, pp=2, chunks=2, micro_batches=3))
+    with pytest.raises(ValueError, match="--blocks 3 or more"):
+        pipeline.world_size("interleaved", Setup(model=SMALL, pp=4, chunks=2, micro_batches=4))
+    with pytest.raises(ValueError, match="fewer rows than --micro-batches 8"):
+        pipeline.world_size("1f1b", Setup(model=SMALL, batch=12, pp=2, dp=2, micro_batches=8))
+
+
 @pytest.mark.timeout(30)
-def test_interleaved_needs_micro_batches_in_groups_of_p():
-    setup = Setup(model=SMALL, steps=1, pp=2, chunks=2, micro_batches=3)
-    with pytest.raises(Exception, match="multiple of --pp 2"):
-        run("interleaved", setup, 2, "local", timeout=30)
+def test_a_wrong_rank_count_is_refused_on_every_rank():
+    with pytest.raises(Exception, match="grid of 2 ranks"):
+        run("gpipe", Setup(model=SMALL, steps=1, pp=2, micro_batches=2), 3, "local", timeout=30)
 
 
 @pytest.mark.timeout(60)

@@ -114,8 +114,12 @@ def coordinates(rank: int, setup: Setup, strategy: str) -> tuple[int, int, int]:
 
 
 def world_size(strategy: str, setup: Setup) -> int:
-    """pp × dp × (tp or ep) ranks."""
-    return setup.pp * setup.dp * (setup.ep if strategy == "pp_ep" else setup.tp)
+    """pp × dp × (tp or ep) ranks (ValueError before anything starts if the setup cannot run)."""
+    inner = setup.ep if strategy == "pp_ep" else setup.tp
+    if strategy == "pp_ep" and setup.model.experts < 1:
+        raise ValueError("pp_ep needs an MoE model: pass --experts E (E >= 1)")
+    pipeline.check_setup(schedule_of(setup), setup, setup.pp * setup.dp * inner, inner)
+    return setup.pp * setup.dp * inner
 
 
 def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:

@@ -139,6 +139,7 @@ def check_setup(strategy: str, setup: Setup, size: int, inner: int = 1) -> None:
                          f"{f' × {inner}' if inner > 1 else ''}), got {size}")
     if strategy == "interleaved" and m % p:
         raise ValueError(f"interleaved: --micro-batches {m} must be a multiple of --pp {p} (Megatron-LM)")
+    stage_layers(len(setup.model.layers()), p * (setup.chunks if strategy == "interleaved" else 1))
     data = setup.dp * (inner if setup.ep > 1 else 1)
     if setup.batch // data < m:
         raise ValueError(f"--batch {setup.batch} over {data} data-parallel ranks leaves fewer rows than "
@@ -323,7 +324,8 @@ def train(comm, setup: Setup, strategy: str = "1f1b") -> RunResult:
 
 
 def world_size(strategy: str, setup: Setup) -> int:
-    """pp × dp ranks."""
+    """pp × dp ranks (ValueError before anything starts if the setup cannot run)."""
+    check_setup(strategy, setup, setup.pp * setup.dp)
     return setup.pp * setup.dp
 
 
