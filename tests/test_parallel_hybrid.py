@@ -3,7 +3,8 @@
 Each grid shape, on threads (`local`) and processes (`shm`), ends with the serial run's parameters
 (float64, relative <= 1e-10), the same on every rank; the ranks holding the same part of the model
 (and, within a stage, the replicated parts) hold identical bytes; peak stash and point-to-point
-bytes equal their formulas. Uneven shapes: p = 3 stages, 3 experts over 2 ep ranks.
+bytes equal their formulas, and (3d) every rank makes Megatron's 2 all-reduces per cut layer and
+micro-batch. Uneven shapes: p = 3 stages, 3 experts over 2 ep ranks, 4 heads over 3 tp ranks.
 """
 
 from __future__ import annotations
@@ -42,14 +43,6 @@ def check_run(strategy: str, setup: Setup, transport: str) -> dict:
     return part
 
 
-def tensor_parallel_available() -> bool:
-    try:
-        hybrid.tensor_plan_module()
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
 PP_EP = [dict(pp=2, ep=2, micro_batches=2),                     # 4 ranks
          dict(pp=3, ep=2, micro_batches=3),                     # p = 3, 6 ranks
          dict(pp=2, dp=2, ep=2, micro_batches=3),               # 8 ranks: PP 2 × DP 2 × EP 2
@@ -63,18 +56,24 @@ def test_pp_ep_equals_serial(grid, transport):
     check_run("pp_ep", Setup(model=MOE, steps=3, batch=12, **grid), transport)
 
 
+FOUR_HEADS = ModelConfig(vocab=17, d_model=16, heads=4, blocks=2, seq_len=8)
 THREE_D = [dict(pp=2, dp=2, micro_batches=3),                   # DP 2 × PP 2 (TP 1)
            dict(pp=2, dp=2, tp=2, micro_batches=3),             # 8 ranks: DP 2 × TP 2 × PP 2
-           dict(pp=3, tp=2, micro_batches=3)]                   # p = 3, 6 ranks
+           dict(pp=3, tp=2, micro_batches=3),                   # p = 3, 6 ranks
+           dict(pp=2, tp=3, micro_batches=2, model=FOUR_HEADS),  # uneven TP: heads 2/1/1, hidden 22/21/21
+           dict(pp=2, tp=2, chunks=2, micro_batches=2)]         # interleaved
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("grid", THREE_D, ids=lambda g: "-".join(f"{k}{v}" for k, v in g.items()))
+@pytest.mark.parametrize("grid", THREE_D,
+                         ids=lambda g: "-".join(f"{k}{v}" for k, v in g.items() if k != "model"))
 @pytest.mark.parametrize("transport", ["local", "shm"])
 def test_3d_equals_serial(grid, transport):
-    if grid.get("tp", 1) > 1 and not tensor_parallel_available():
-        pytest.skip("colls.parallel.tensor offers no tensor-parallel layers yet")
-    check_run("3d", Setup(model=DENSE, steps=3, batch=12, **grid), transport)
+    grid = {"model": DENSE, **grid}
+    part = check_run("3d", Setup(steps=3, batch=12, **grid), transport)
+    if grid.get("tp", 1) > 1:   # Megatron: 2 all-reduces per cut layer (attention, MLP) and micro-batch
+        assert all(set(calls) == {formula} for calls, formula in
+                   zip(part["tp_all_reduces"], part["tp_all_reduces_formula"], strict=True)), part
 
 
 def test_grid_order_is_tp_innermost_then_dp_then_pp():

@@ -12,8 +12,10 @@ data-parallel ranks.
   (expert.py); the ep ranks are data parallel for everything else, so a stage's dp × ep ranks
   each take their own rows; replicated gradients are summed over those dp · ep ranks, an expert's
   over the dp ranks that hold it.
-- `3d`: DP × TP × PP; attention and MLP are Megatron column/row-parallel over the tp ranks
-  (tensor.py); the tp ranks see the same rows, and gradients are summed over dp.
+- `3d`: DP × TP × PP; attention and MLP are tensor.py's Megatron column/row-parallel layers over
+  the tp ranks of the stage (Shoeybi et al. 2019: f = identity forward / all-reduce backward, g =
+  all-reduce forward / identity backward; 2 + 2 all-reduces per block); the tp ranks see the same
+  rows and compute the replicated parts alike, and every gradient is summed over dp.
 
 The schedule is 1F1B (interleaved with --chunks > 1).
 """
@@ -27,6 +29,7 @@ from .common import RunResult, Setup
 from .expert import all_reduce_ranges, expert_parallel_layers, expert_ranges, replicated_ranges, shard
 from .layers import MoE
 from .model import Model
+from .tensor import tensor_parallel
 
 
 class ExpertStages(pipeline.Replicated):
@@ -126,6 +129,11 @@ def report(strategy: str, setup: Setup, results: list[RunResult]) -> dict:
     """The pipeline's figures (bubble, stash, point-to-point bytes, replicas) and the grid."""
     part = pipeline.report(schedule_of(setup), setup, results)
     inner = "ep" if strategy == "pp_ep" else "tp"
+    if strategy == "3d" and setup.tp > 1:   # per rank: measured all-reduces per step, and the formula
+        by_rank = sorted(results, key=lambda r: r.rank)
+        part["tp_all_reduces"] = [[f["tp_all_reduces"] for f in r.extra["plan"]] for r in by_rank]
+        part["tp_all_reduces_formula"] = [r.extra["plan"][0]["tp_all_reduces_per_micro_batch_formula"]
+                                          * setup.micro_batches for r in by_rank]
     part["grid"] = {"pp": setup.pp, "dp": setup.dp, inner: getattr(setup, inner),
                     "order": f"{inner} innermost, then dp, pp outermost"}
     return part
@@ -135,18 +143,91 @@ def format_lines(part: dict) -> list[str]:
     """The grid, then the pipeline's lines."""
     grid = part["grid"]
     sizes = " × ".join(f"{k.upper()} {v}" for k, v in grid.items() if k != "order")
-    return [f"  grid {sizes} ({grid['order']})", *pipeline.format_lines(part)]
+    lines = [f"  grid {sizes} ({grid['order']})", *pipeline.format_lines(part)]
+    if "tp_all_reduces" in part:
+        lines.append(f"  tp all-reduces per rank, step 0: {[c[0] for c in part['tp_all_reduces']]} "
+                     f"(Megatron: 2 per cut layer and micro-batch = {part['tp_all_reduces_formula']})")
+    return lines
 
 
-problems = pipeline.problems
+def problems(part: dict) -> list[str]:
+    """The pipeline's problems, and tp all-reduce counts off Megatron's."""
+    found = pipeline.problems(part)
+    for rank, (calls, expected) in enumerate(zip(part.get("tp_all_reduces", []),
+                                                 part.get("tp_all_reduces_formula", []), strict=True)):
+        if any(c != expected for c in calls):
+            found.append(f"rank {rank}: {calls} tp all-reduces per step, formula {expected}")
+    return found
+
+
 plot = pipeline.plot
 
 
-def tensor_plan_module():
-    """colls.parallel.tensor, once it offers what a pipeline stage needs."""
-    from . import tensor
-    return tensor
+# -- tensor parallelism inside a stage (tensor.py's Megatron-LM layers) ----------------------------
+
+def cut_of(layer, name: str):
+    """(axis, slice) of the serial tensor `name` that this tp rank holds, or None if replicated."""
+    return getattr(layer, "sharded", {}).get(name)
 
 
-def tensor_plan(comm, setup: Setup, stage: int, position: int):
-    raise NotImplementedError("3d with --tp > 1 waits for colls.parallel.tensor")
+def sharded_view(layer, name: str, full: np.ndarray) -> np.ndarray:
+    """This rank's part of the serial tensor `full` (a view; all of it if `name` is replicated)."""
+    cut = cut_of(layer, name)
+    if cut is None:
+        return full
+    index = [slice(None)] * full.ndim
+    index[cut[0]] = cut[1]
+    return full[tuple(index)]
+
+
+class TensorStages(pipeline.Replicated):
+    """A stage's attention and MLP cut over `tp_comm`; every gradient summed over the dp ranks
+    holding the same cut (`data_comm`); replicated gradients are equal on the tp ranks already."""
+
+    def __init__(self, tp_comm, data_comm, dp_rank: int, dp: int) -> None:
+        super().__init__(data_comm, dp_rank, dp)
+        self.tp_comm = tp_comm
+        self.counts_loss = tp_comm.rank == 0   # the tp ranks compute the same loss
+        self.comms = [c for c in (tp_comm, data_comm) if c is not None]
+
+    def layers(self, layers: list) -> list:
+        return [tensor_parallel(layer, self.tp_comm) for layer in layers]
+
+    def figures(self, local: Model) -> dict:
+        """All-reduces on the tp group this step, beside Megatron's 2 per cut layer and micro-batch
+        (g forward, f backward): 2 · layers · m."""
+        calls = int(self.tp_comm.stats().get("all_reduce", {}).get("calls", 0))
+        cut = sum(hasattr(layer, "sharded") for layer in local.layers)
+        return {"tp_all_reduces": calls, "tp_all_reduces_per_micro_batch_formula": 2 * cut}
+
+    def _pairs(self, local: Model, flat: np.ndarray):
+        """(local layer index, layer, tensor name, view) for every tensor of `flat`."""
+        for index, layer in enumerate(local.layers):
+            for name, view in local.layout.views(flat, index).items():
+                yield index, layer, name, view
+
+    def load(self, full: Model, full_flat: np.ndarray, local: Model, out: np.ndarray, layer_map: list[int]):
+        for index, layer, name, view in self._pairs(local, out):
+            view[...] = sharded_view(layer, name, full.layout.views(full_flat, layer_map[index])[name])
+
+    def shared(self, local: Model, params: np.ndarray) -> np.ndarray:
+        return np.concatenate([view.reshape(-1) for _, layer, name, view in self._pairs(local, params)
+                               if cut_of(layer, name) is None])
+
+    def store(self, full: Model, local: Model, local_flat: np.ndarray, flat: np.ndarray,
+              layer_map: list[int]) -> None:
+        """dp rank 0 writes its cut of the sharded tensors; (dp 0, tp 0) the replicated ones."""
+        if self.data_rank != 0:
+            return
+        for index, layer, name, view in self._pairs(local, local_flat):
+            if cut_of(layer, name) is not None or self.tp_comm.rank == 0:
+                sharded_view(layer, name, full.layout.views(flat, layer_map[index])[name])[...] = view
+
+
+def tensor_plan(comm, setup: Setup, stage: int, position: int) -> TensorStages:
+    """The groups of a PP × DP × TP grid (collective over `comm`: every rank makes every split)."""
+    dp, tp = setup.dp, setup.tp
+    dp_rank, tp_rank = divmod(position, tp)
+    tp_comm = comm.split(stage * dp + dp_rank, tp_rank)          # consecutive ranks
+    data_comm = comm.split(stage * tp + tp_rank, dp_rank) if dp > 1 else None
+    return TensorStages(tp_comm, data_comm, dp_rank, dp)

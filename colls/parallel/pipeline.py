@@ -115,6 +115,10 @@ class Replicated:
         """The parameters every rank of the stage holds alike (all of them here)."""
         return params
 
+    def figures(self, local: Model) -> dict:
+        """What the plan measured this step, beside its formulas (read before the gradient sync)."""
+        return {}
+
     def sync(self, local: Model, grads: np.ndarray) -> None:
         if self.data_comm is not None and self.data_comm.size > 1:
             self.data_comm.all_reduce(grads, out=grads)
@@ -230,7 +234,7 @@ def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> Ru
     """Train with pipeline schedule `strategy` on the grid; RunResult.params: the full parameters."""
     rank = PipelineRank(comm, setup, strategy, inner, make_plan)
     plan, replica, pipe = rank.plan, rank.replica, rank.pipe
-    records, timelines, stashes, p2p = [], [], [], []
+    records, timelines, stashes, p2p, figures = [], [], [], [], []
     for step in range(setup.steps):
         comm.barrier()   # every rank starts the step together, so the timeline measures the schedule
         timer = StepTimer(comm)
@@ -238,6 +242,7 @@ def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> Ru
             sub.reset_stats()
         loss, events, peak = rank.step(step)
         p2p.append(int(traffic(pipe)[0]))
+        figures.append(plan.figures(rank.local))
         plan.sync(rank.local, replica.grads)   # the flush is over: sum the replicated gradients
         replica.step()
         record = timer.finish(step, loss if plan.counts_loss else 0.0)
@@ -253,7 +258,7 @@ def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> Ru
     extra = {"strategy": strategy, "p": rank.p, "m": rank.m, "v": rank.v, "stage_rank": rank.stage_rank,
              "position": rank.position, "inner": inner, "stage_seconds": setup.stage_seconds,
              "stages": [(rank.ranges[g].start, rank.ranges[g].stop) for g in rank.stages],
-             "events": timelines, "peak_stash": stashes, "p2p_sent": p2p,
+             "events": timelines, "peak_stash": stashes, "p2p_sent": p2p, "plan": figures,
              "p2p_expected": p2p_formula(rank.chunks, rows, row_bytes),
              "local_digest": digest(replica.params),
              "shared_digest": digest(plan.shared(rank.local, replica.params))}
