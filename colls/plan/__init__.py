@@ -1,0 +1,1 @@
+"""`colls plan`: predicted collective and training-step times from the `sim` transport."""
