@@ -116,13 +116,13 @@ MAX_SHRUNK_STEPS = 3
 
 def parse_failure(stdout: str) -> dict[str, object]:
     """The facts a failing run prints: where it failed, how fast, how small, the replay seed."""
-    head = re.search(r"^FAILED on \w+: rank (\d+), step (\d+) (\S+?)\(.*?: ([a-z ]+): ", stdout, re.M)
+    head = re.search(r"^FAILED on \w+: rank (\d+), step (\d+) (\S+?)\(.*?: ([a-z ]+): (\w+)", stdout, re.M)
     found = re.search(r"^found after (\d+) programs?.* to (\d+) steps? on (\d+) ranks:", stdout, re.M)
     replay = re.search(r"^replay: .*--replay (\S+)$", stdout, re.M)
     snippet = re.search(r"^(# colls fuzz on .*?print\(\"passed\"\)\n)", stdout, re.M | re.S)
     assert head and found and replay and snippet, stdout
     return {"rank": int(head.group(1)), "step": int(head.group(2)), "collective": head.group(3),
-            "kind": head.group(4), "programs": int(found.group(1)), "steps": int(found.group(2)),
+            "kind": head.group(4), "error": head.group(5), "programs": int(found.group(1)), "steps": int(found.group(2)),
             "seed": replay.group(1), "snippet": snippet.group(1)}
 
 
@@ -154,7 +154,9 @@ def test_planted_fault_is_caught_shrunk_and_replayed(fault: str, tmp_path: Path)
         script.write_text(failure["snippet"])
         planted = subprocess.run([sys.executable, str(script)], env=child_env(COLLS_FAULTS=fault),
                                  capture_output=True, text=True, timeout=60)
-        assert planted.returncode != 0 and "AssertionError" in planted.stderr + planted.stdout
+        # the same way: a wrong result fails a check, a crash raises the same exception
+        raised = "AssertionError" if failure["kind"] == "wrong result" else str(failure["error"])
+        assert planted.returncode != 0 and raised in planted.stderr + planted.stdout
         clean = subprocess.run([sys.executable, str(script)], env=child_env(), capture_output=True,
                                text=True, timeout=60)
         assert clean.returncode == 0 and "passed" in clean.stdout, clean.stderr

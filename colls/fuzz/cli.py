@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--programs", type=int, default=None, help="stop after this many programs")
     parser.add_argument("--seed", type=int, default=None, help="session seed (default: random, printed)")
     parser.add_argument("--collectives", nargs="+", default=None, metavar="NAME",
-                        help=f"only these (also 'split'); from {', '.join(COLLECTIVES)}")
+                        help=f"only these (also 'split', 'p2p', 'invalid'); from {', '.join(COLLECTIVES)}")
     parser.add_argument("--algorithms", nargs="+", default=None, metavar="NAME",
                         help="only force these algorithm names ('auto': also let the library choose)")
     parser.add_argument("--replay", default=None, metavar="SEED",
@@ -58,9 +58,10 @@ def _ranks(text: str | None, world: int | None) -> tuple[int, int]:
 
 def _space(args: argparse.Namespace, low: int, high: int) -> Space:
     chosen = tuple(args.collectives or COLLECTIVES)
-    unknown = [c for c in chosen if c not in (*COLLECTIVES, "split")]
+    extras = ("split", "p2p", "invalid")
+    unknown = [c for c in chosen if c not in (*COLLECTIVES, *extras)]
     if unknown:
-        raise ValueError(f"--collectives: unknown {unknown}; choose from {list(COLLECTIVES)} or split")
+        raise ValueError(f"--collectives: unknown {unknown}; choose from {list(COLLECTIVES)} or {extras}")
     known = {name for table in CATALOGUE.values() for name in table} | {"auto"}
     if args.algorithms and not set(args.algorithms) <= known:
         raise ValueError(f"--algorithms: unknown {sorted(set(args.algorithms) - known)}")
@@ -68,11 +69,12 @@ def _space(args: argparse.Namespace, low: int, high: int) -> Space:
         kind, _, mode = pair.partition(":")
         if mode not in MODES.get(kind, ()):
             raise ValueError(f"--skip {pair}: give COLLECTIVE:MODE, e.g. all_to_all:inplace")
-    collectives = tuple(c for c in chosen if c != "split") or ("barrier",)
+    collectives = tuple(c for c in chosen if c not in extras) or ("barrier",)
+    every = args.collectives is None
     return Space(low, high, max(1, args.max_steps), collectives,
                  tuple(args.algorithms) if args.algorithms else None,
-                 splits=args.collectives is None or "split" in chosen, max_bytes=args.max_bytes,
-                 skip=tuple(args.skip))
+                 splits=every or "split" in chosen, p2p=every or "p2p" in chosen,
+                 invalid=every or "invalid" in chosen, max_bytes=args.max_bytes, skip=tuple(args.skip))
 
 
 def _relaunch_under_mpiexec(args: argparse.Namespace, high: int) -> int:

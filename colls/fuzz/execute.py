@@ -12,11 +12,14 @@ import time
 import traceback
 from typing import Any
 
-from transports.errors import CollectiveTimeout, PeerLost
+import numpy as np
+
+import colls
+from transports.errors import CollectiveTimeout, CommunicatorAborted, PeerLost
 
 from ..communicator import Communicator
 from .oracle import OPS, call_problem, digest, expected, inputs, same_everywhere, send_counts, sentinel_like
-from .program import Program, Step, split_colors, split_groups
+from .program import INVALID, Program, Step, split_colors, split_groups
 
 MAX_FAILURES = 8   # per rank and program: the first ones say it all
 
@@ -84,7 +87,13 @@ class RankRun:
                     comms.append(self.split(index, step, comms[step.comm]))
                 elif step.kind == "wait":
                     self.finish_pending()
-                elif comms[step.comm].comm is not None:
+                elif comms[step.comm].comm is None:
+                    continue
+                elif step.kind == "p2p":
+                    self.point_to_point(index, step, comms[step.comm].comm)
+                elif step.kind == "invalid":
+                    self.invalid(index, step, comms[step.comm].comm)
+                else:
                     self.collective(index, step, comms[step.comm])
             self.current = len(self.program.steps)
             self.finish_pending()
@@ -115,6 +124,8 @@ class RankRun:
             kind = "timeout"
         elif isinstance(error, PeerLost):
             kind = "peer lost"
+        elif isinstance(error, CommunicatorAborted):   # a peer failed first and aborted the call
+            kind = "aborted"
         else:
             kind = "crash"
         detail = "" if kind != "crash" else "".join(traceback.format_exception(error)[-6:])
@@ -192,6 +203,68 @@ class RankRun:
 
         self.later(index, step, result, finish)
 
+    def point_to_point(self, index: int, step: Step, comm: Communicator) -> None:
+        """Every rank sends its input to rank + k and receives rank - k's: the first call posted
+        async, the second blocking unless the step is async; checked when both are done."""
+        size, rank = comm.size, comm.rank
+        if size == 1:
+            self.count(step, 0)
+            return
+        shift = 1 + (step.root - 1) % (size - 1)
+        dst, src = (rank + shift) % size, (rank - shift) % size
+        xs = inputs(self.program.seed, index, size, "p2p", step.rows, step.dtype, step.tail)
+        x, buf = xs[rank].copy(), sentinel_like(xs[src])
+        timeout = self.remaining(index)
+
+        def send(async_op: bool) -> Any:
+            return comm.send(x, dst, tag=step.tag, async_op=async_op, timeout=timeout)
+
+        def recv(async_op: bool) -> Any:
+            return comm.recv(buf, src, tag=step.tag, async_op=async_op, timeout=timeout)
+
+        if step.mode == "out":   # the receive is posted first
+            first = recv(True)
+            second = send(step.async_op)
+        else:
+            first = send(True)
+            second = recv(step.async_op)
+
+        def finish(_: Any) -> None:
+            got_first = first.wait(self.remaining(index) + 1.0)
+            got_second = second.wait(self.remaining(index) + 1.0) if step.async_op else second
+            got = got_first if step.mode == "out" else got_second
+            problem = call_problem(got, xs[src], x, xs[rank], buf)
+            if problem:
+                self.fail(index, "wrong result", f"p2p recv on group rank {rank} of {size} from rank "
+                                                 f"{src}: {problem}")
+            self.count(step, buf.nbytes)
+
+        self.later(index, step, _Posted(), finish)
+
+    def invalid(self, index: int, step: Step, comm: Communicator) -> None:
+        """Make the step's bad call: it must raise at once, naming the argument and this rank, and
+        move no byte (the communicator goes on with the next step)."""
+        if step.bad == "blocks" and comm.size == 1:   # every length splits into one block
+            self.count(step, 0)
+            return
+        before = comm.stats()
+        try:
+            bad_call(step.bad, comm, step.root)
+        except (ValueError, TypeError) as error:
+            message = str(error)
+            named = INVALID[step.bad]
+            if f"rank {comm.rank}" not in message or named not in message:
+                self.fail(index, "wrong result", f"the error does not name {named!r} and rank {comm.rank}: "
+                                                 f"{type(error).__name__}: {message}"[:400])
+        except BaseException as error:
+            self.record_error(index, error)
+            raise _Abort from None
+        else:
+            self.fail(index, "wrong result", f"invalid call ({step.bad}) raised nothing")
+        if not self.pending and comm.stats() != before:   # (async calls still running move bytes)
+            self.fail(index, "wrong result", f"invalid call ({step.bad}) moved bytes before failing")
+        self.count(step, 0)
+
     def later(self, index: int, step: Step, result: Any, finish: Any) -> None:
         """Check a blocking call's result now, an async one's when it is waited for."""
         if step.async_op:
@@ -201,14 +274,60 @@ class RankRun:
 
     def finish_pending(self) -> None:
         """Wait for the pending async calls in (wait key, step) order and check their results."""
-        pending, self.pending = sorted(self.pending, key=lambda p: (p[0], p[1])), []
-        for _, index, work, finish in pending:
+        self.pending.sort(key=lambda p: (p[0], p[1]))
+        while self.pending:   # the ones not yet waited stay listed, for errors_of_pending
+            _, index, work, finish = self.pending[0]
             self.current = index
-            finish(work.wait(self.remaining(index) + 1.0))
+            got = work.wait(self.remaining(index) + 1.0)
+            self.pending.pop(0)
+            finish(got)
 
     def count(self, step: Step, nbytes: int) -> None:
         self.calls[step.kind] = self.calls.get(step.kind, 0) + 1
         self.bytes[step.kind] = self.bytes.get(step.kind, 0) + int(nbytes)
+
+
+class _Posted:
+    """The handle of a p2p step: its own `finish` waits for the requests."""
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def bad_call(bad: str, comm: Communicator, salt: int) -> None:
+    """One deliberately invalid call (the same on every rank, so no rank is left waiting)."""
+    size = comm.size
+    x = np.arange(2 * size, dtype=np.float32)
+    if bad == "root":
+        comm.broadcast(x, root=size + salt)
+    elif bad == "op_dtype":
+        comm.all_reduce(x, op=colls.BAND)
+    elif bad == "out_shape":
+        comm.all_reduce(x, out=np.empty(x.size + 1 + salt, x.dtype))
+    elif bad == "send_counts":
+        comm.all_to_all_v(x, [2] * size + [salt] if salt % 2 else [x.size + 1] + [0] * (size - 1))
+    elif bad == "negative_counts":
+        comm.all_to_all_v(x, [-1] + [0] * (size - 2) + [x.size + 1] if size > 1 else [-1])
+    elif bad == "algorithm":
+        comm.all_reduce(x, algorithm=f"no_such_algorithm_{salt}")
+    elif bad == "dst":
+        comm.send(x, size + salt)
+    elif bad == "src":
+        comm.recv(x, -1 - salt)
+    elif bad == "tag":
+        comm.send(x, (comm.rank + 1) % size, tag=-1 - salt)
+    elif bad == "blocks":
+        comm.reduce_scatter(np.arange(size * (salt + 1) + 1, dtype=np.int64))
+    elif bad == "object":
+        comm.all_gather(np.array([None, salt], dtype=object))
+    elif bad == "recv_readonly":
+        x.setflags(write=False)
+        comm.recv(x, (comm.rank - 1) % size)
+    else:
+        raise ValueError(f"unknown invalid call {bad!r}")
 
 
 def run_on_rank(base: Communicator | None, program: Program, rank: int, deadline_s: float) -> dict[str, Any]:

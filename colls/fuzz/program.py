@@ -1,9 +1,13 @@
 """Collective programs: what the fuzzer generates, runs, shrinks and prints.
 
 A `Program` is a group size, a data seed and a list of `Step`s: collectives (with algorithm or auto,
-dtype, rows, shape, operator, root, output mode, async), `split`s that add a sub-communicator, and
-`wait`s that finish pending async handles in a random order. It is plain data, serialisable to a
-short token (`colls fuzz --replay TOKEN`), and hypothesis draws it so that a failure shrinks.
+dtype, rows, shape, operator, root, output mode, async), point-to-point shifts (`p2p`: every rank
+sends to rank + k and receives from rank - k, on a user tag, send or receive posted first),
+deliberately invalid calls (`invalid`: every rank makes the same bad call, which must fail at once
+with an error naming the argument and the rank, moving no byte and leaving the communicator usable),
+`split`s that add a sub-communicator, and `wait`s that finish pending async handles in a random
+order. It is plain data, serialisable to a short token (`colls fuzz --replay TOKEN`), and hypothesis
+draws it so that a failure shrinks.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from .oracle import DTYPES, dtype_of, valid_ops
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
                "all_to_all_v", "gather", "scatter", "barrier")
-KINDS = (*COLLECTIVES, "split", "wait")
+KINDS = (*COLLECTIVES, "p2p", "invalid", "split", "wait")
+# the bad calls of an `invalid` step: what is wrong -> the argument its error must name
+INVALID = {"root": "root", "op_dtype": "BAND", "out_shape": "out", "send_counts": "send_counts",
+           "negative_counts": "send_counts", "algorithm": "algorithm", "dst": "dst", "src": "src",
+           "tag": "tag", "blocks": "axis 0", "object": "object", "recv_readonly": "writable"}
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 BLOCKED = ("reduce_scatter", "all_to_all", "scatter")      # rows are per block: size x rows in all
@@ -54,6 +62,8 @@ class Step:
     wait: int = 0                  # async handles are waited in increasing (wait, step)
     coloring: str = "halves"       # split only
     reverse: bool = False          # split only: key = -rank, reversing the order in each group
+    tag: int = 0                   # p2p only: the user tag
+    bad: str = ""                  # invalid only: which bad call (a key of INVALID)
 
     def label(self) -> str:
         """`reduce(binomial, 7 x int32, SUM, root 1, out, async) on comm 1`, for messages."""
@@ -61,6 +71,14 @@ class Step:
             return f"split({self.coloring}{', reversed' if self.reverse else ''}) of comm {self.comm}"
         if self.kind == "wait":
             return "wait for pending async calls"
+        if self.kind == "invalid":
+            return f"invalid call ({self.bad}){f' on comm {self.comm}' if self.comm else ''}"
+        if self.kind == "p2p":
+            shape = "x".join(str(d) for d in (self.rows, *self.tail))
+            order = "recv first" if self.mode == "out" else "send first"
+            where = f" on comm {self.comm}" if self.comm else ""
+            return (f"p2p(shift {self.root}, {shape} x {self.dtype}, tag {self.tag}, {order}"
+                    f"{', async' if self.async_op else ''}){where}")
         parts = [self.algorithm or "auto"]
         if self.kind != "barrier":
             shape = "x".join(str(d) for d in (self.rows, *self.tail))
@@ -164,7 +182,8 @@ def normalize(program: Program, max_bytes: int = MAX_BYTES) -> Program:
     for step in program.steps:
         if step.kind == "split" and splits >= MAX_SPLITS:
             continue
-        step = replace(step, comm=step.comm % (splits + 1), root=step.root % program.size)
+        root = step.root if step.kind in ("p2p", "invalid") else step.root % program.size
+        step = replace(step, comm=step.comm % (splits + 1), root=root)
         steps.append(replace(step, rows=step_rows(step, program.size, max_bytes)))
         splits += step.kind == "split"
     return replace(program, steps=tuple(steps))
@@ -191,6 +210,8 @@ class Space:
     collectives: tuple[str, ...] = COLLECTIVES
     algorithms: tuple[str, ...] | None = None   # None: every registered one, plus auto
     splits: bool = True
+    p2p: bool = True                            # point-to-point shifts
+    invalid: bool = True                        # deliberately invalid calls
     max_bytes: int = MAX_BYTES
     skip: tuple[str, ...] = ()                  # "collective:mode" pairs never drawn
 
@@ -207,7 +228,7 @@ def programs(space: Space):
     from hypothesis import strategies as st
 
     kinds = [k for k in space.collectives for _ in range(3)]
-    kinds += ["split"] * space.splits + ["wait"]
+    kinds += ["split"] * space.splits + ["wait"] + ["p2p"] * 3 * space.p2p + ["invalid"] * space.invalid
 
     @st.composite
     def rows(draw, size: int) -> int:
@@ -228,6 +249,15 @@ def programs(space: Space):
             return Step("split", comm, coloring=draw(st.sampled_from(COLORINGS)), reverse=draw(st.booleans()))
         if kind == "wait":
             return Step("wait")
+        if kind == "invalid":
+            return Step("invalid", comm, bad=draw(st.sampled_from(sorted(INVALID))),
+                        root=draw(st.integers(0, 15)))
+        if kind == "p2p":
+            async_op = draw(st.booleans())
+            return Step("p2p", comm, None, draw(st.sampled_from(DTYPES)), draw(rows(size)),
+                        draw(st.sampled_from(TAILS)), root=draw(st.integers(1, 15)),
+                        mode=draw(st.sampled_from(("new", "out"))), async_op=async_op,
+                        wait=draw(st.integers(0, 7)) if async_op else 0, tag=draw(st.integers(0, 3)))
         if kind == "barrier":
             async_op = draw(st.booleans())
             return Step("barrier", comm, draw(st.sampled_from(space.choices(kind, True))),

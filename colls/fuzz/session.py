@@ -16,7 +16,8 @@ from .groups import SLACK_S
 from .program import Program, Space, programs
 
 BATCH = 200
-PRIORITY = {"wrong result": 0, "ranks differ": 1, "crash": 2, "timeout": 3, "hang": 4, "peer lost": 5}
+PRIORITY = {"wrong result": 0, "ranks differ": 1, "crash": 2, "timeout": 3, "hang": 4, "peer lost": 5,
+            "aborted": 6}
 
 
 @dataclass

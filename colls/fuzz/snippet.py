@@ -6,7 +6,7 @@ them from the seed) and the same checks (`verify` against the numpy oracle's `ex
 
 from __future__ import annotations
 
-from .program import ROOTED, Program, Step, split_colors
+from .program import INVALID, ROOTED, Program, Step, split_colors
 
 
 def _name(comm: int) -> str:
@@ -65,6 +65,35 @@ def _collective(step: Step, i: int, group: str, size: int | None) -> list[str]:
     return lines
 
 
+def _point_to_point(step: Step, i: int, group: str) -> list[str]:
+    """The lines of a p2p shift: post the first call async, the second blocking unless async."""
+    dst, src = f"({group}.rank + shift{i}) % {group}.size", f"({group}.rank - shift{i}) % {group}.size"
+    send = f"{group}.send(x{i}, {dst}, tag={step.tag}"
+    recv = f"{group}.recv(buf{i}, {src}, tag={step.tag}"
+    first, second = (recv, send) if step.mode == "out" else (send, recv)
+    lines = [f"xs{i} = inputs(SEED, {i}, {group}.size, 'p2p', {step.rows}, {step.dtype!r}, {step.tail!r})",
+             f"shift{i} = 1 + ({step.root} - 1) % max(1, {group}.size - 1)",
+             f"x{i}, want{i} = xs{i}[{group}.rank].copy(), xs{i}[{src}]",
+             f"buf{i} = sentinel_like(want{i})",
+             f"first{i} = {first}, async_op=True)"]
+    if step.async_op:
+        return lines + [f"w{i} = (first{i}, {second}, async_op=True))"]
+    return lines + [f"{second})", f"first{i}.wait()",
+                    f"verify('step {i}', buf{i}, want{i}, x{i}, xs{i}[{group}.rank], buf{i})"]
+
+
+def _invalid(step: Step, i: int, group: str) -> list[str]:
+    """The lines of an invalid call: it must raise an error naming the argument and the rank."""
+    named = INVALID[step.bad]
+    lines = ["try:", f"    bad_call({step.bad!r}, {group}, {step.root})",
+             "except (ValueError, TypeError) as error:",
+             f"    assert f'rank {{{group}.rank}}' in str(error) and {named!r} in str(error), error",
+             "else:", f"    raise AssertionError('step {i}: the invalid call raised nothing')"]
+    if step.bad == "blocks":   # one rank: every length splits into one block
+        return [f"if {group}.size > 1:", *("    " + line for line in lines)]
+    return lines
+
+
 def _verify(step: Step, i: int, got: str) -> str:
     out = f"out{i}" if step.mode != "new" else "None"
     return f"verify('step {i}', {got}, want{i}, x{i}, xs{i}[{group_of(step)}.rank], {out})"
@@ -86,6 +115,10 @@ def _waits(pending: list[tuple[int, int, Step]]) -> list[str]:
     for _, i, step in sorted(pending, key=lambda p: (p[0], p[1])):
         if step.kind == "barrier":
             lines += _guarded([f"w{i}.wait()"], step.comm)
+        elif step.kind == "p2p":
+            lines += _guarded([f"if {group_of(step)}.size > 1:", f"    [w.wait() for w in w{i}]",
+                               f"    verify('step {i}', buf{i}, want{i}, x{i}, xs{i}[{group_of(step)}.rank], "
+                               f"buf{i})"], step.comm)
         else:
             lines += _guarded([_verify(step, i, f"w{i}.wait()")], step.comm)
     pending.clear()
@@ -117,7 +150,13 @@ def render(program: Program, transport: str, faults: frozenset[str] = frozenset(
             body += [f"# step {i}: wait for the async calls"] + _waits(pending)
             continue
         body.append(f"# step {i}: {step.label()}")
-        body += _guarded(_collective(step, i, group, size), step.comm)
+        if step.kind == "p2p":
+            lines = [f"if {group}.size > 1:", *("    " + line for line in _point_to_point(step, i, group))]
+            body += _guarded(lines, step.comm)
+        elif step.kind == "invalid":
+            body += _guarded(_invalid(step, i, group), step.comm)
+        else:
+            body += _guarded(_collective(step, i, group, size), step.comm)
         if step.async_op:
             pending.append((step.wait, i, step))
     if pending:
@@ -129,13 +168,18 @@ def render(program: Program, transport: str, faults: frozenset[str] = frozenset(
     text = "\n".join(body)
     names += [n for n in ("send_counts", "sentinel_like") if n + "(" in text]
     names += ["MATMUL"] if "op=MATMUL" in text else []
+    if "bad_call(" in text:
+        lines_import = ["from colls.fuzz.execute import bad_call"]
+    else:
+        lines_import = []
     header = [f"# {headline}" if headline else "# colls fuzz: a collective program"]
     if faults:
         header.append(f"# run with COLLS_FAULTS={','.join(sorted(faults))} in the environment "
                       f"(planted faults)")
     if transport == "mpi":
         header.append(f"# run: mpiexec -n {program.size} python this_file.py")
-    lines = [*header, "import colls", f"from colls.fuzz.oracle import {', '.join(sorted(names))}"]
+    lines = [*header, "import colls", *lines_import,
+             f"from colls.fuzz.oracle import {', '.join(sorted(names))}"]
     if "split_colors(" in text:
         lines.append("from colls.fuzz.program import split_colors")
     lines += ["", f"SEED = {program.seed}", "", "", "def program(comm):"]
