@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
+from transports.errors import CollsError
 
 from . import fingerprint
 from .collectives import Collectives, Result
@@ -81,20 +82,31 @@ class Communicator(Collectives):
             traffic.calls += 1
             channel = Channel(self.transport, call_tag, time.monotonic() + limit,
                               _Label(self.name, description), traffic)
-            if not tracer.active:
-                return body(channel)
-            start = time.perf_counter()
             try:
+                if not tracer.active:
+                    return body(channel)
+                start = time.perf_counter()
                 if tracer.debug:
                     fingerprint.check(channel, description)   # before any data moves
                 result = body(channel)
             except BaseException as error:
-                tracer.failed(description, error)
+                if tracer.active:
+                    tracer.failed(description, error)
+                self._broken(description, error)
                 raise
             tracer.finished(description, x.nbytes if x is not None else 0, time.perf_counter() - start)
             return result
 
         return self._executor.run(job, description, async_op)
+
+    def _broken(self, description: Description, error: BaseException) -> None:
+        """A call that failed half-way for a reason of this rank's own (a bug, an interrupt, memory)
+        leaves its peers waiting for messages that will never come: abort the communicator so that
+        they raise `CommunicatorAborted` naming this rank and the error now, not at their deadline.
+        Errors the peers see for themselves (timeouts, lost peers, aborts, mismatches) abort nothing."""
+        if not isinstance(error, CollsError):
+            first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            self.transport.abort(f"rank {self.rank} failed in {self.name} {description.label()} ({first})")
 
     def channel(self, what: str = "custom schedule", timeout: float | None = None) -> Channel:
         """A raw `Channel` with a fresh collective tag, for writing a schedule of your own.

@@ -278,3 +278,62 @@ def test_abort_releases_every_blocked_rank(transport):
     for rank in (1, 2):
         assert results[rank] is not None and results[rank]["seconds"] < 1.5
         assert "rank 0" in results[rank]["message"]
+
+
+def _failing_inside(comm):
+    """Rank 1's reduction raises half-way through a ring all_reduce; the others are waiting on it."""
+    def add_or_fail(left, right):
+        if comm.rank == 1:
+            raise RuntimeError("a bug in rank 1's reduction")
+        return left + right
+
+    start = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(1 << 16), op=colls.Op(add_or_fail, commutative=True), algorithm="ring",
+                        timeout=30)
+    except Exception as error:   # noqa: BLE001 - the test looks at whatever each rank raised
+        return {"seconds": time.monotonic() - start, "type": type(error).__name__, "message": str(error)}
+    return None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_rank_failing_inside_a_collective_releases_its_peers(transport):
+    """Not a 30 s hang: the failing rank aborts the communicator and every peer names it at once."""
+    results = colls.spawn(_failing_inside, 3, transport=transport, timeout=40)
+    assert results[1]["type"] == "RuntimeError"
+    for rank in (0, 2):
+        assert results[rank]["type"] == "CommunicatorAborted", results[rank]
+        assert results[rank]["seconds"] < 2.0, results[rank]
+        assert "rank 1 failed in world all_reduce #0" in results[rank]["message"]
+        assert "RuntimeError: a bug in rank 1's reduction" in results[rank]["message"]
+
+
+MPI_FAILING_INSIDE = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import colls
+from test_reliability import _failing_inside
+comm = colls.init()
+print("RESULT " + json.dumps({{"rank": comm.rank, **_failing_inside(comm)}}), flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_rank_failing_inside_a_collective_releases_its_peers_under_mpiexec(tmp_path):
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = tmp_path / "failing.py"
+    script.write_text(MPI_FAILING_INSIDE.format(tests=str(Path(__file__).parent)))
+    done = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, str(script)],
+                          env=dict(os.environ, COLLS_TRANSPORT="mpi"), capture_output=True, text=True,
+                          timeout=50)
+    results = {r["rank"]: r for r in (json.loads(line[7:]) for line in done.stdout.splitlines()
+                                      if line.startswith("RESULT "))}
+    assert sorted(results) == [0, 1, 2], done.stdout + done.stderr[-2000:]
+    assert results[1]["type"] == "RuntimeError"
+    for rank in (0, 2):
+        assert results[rank]["type"] == "CommunicatorAborted", results[rank]
+        assert results[rank]["seconds"] < 2.0, results[rank]
+        assert "RuntimeError: a bug in rank 1's reduction" in results[rank]["message"]

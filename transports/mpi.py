@@ -28,6 +28,7 @@ from .base import (
 from .errors import CollectiveMismatch, PeerLost, TransportError
 
 _MPI = None
+ABORT_NOTICE_BYTES = 512   # an abort notice: the reason, UTF-8, zero-padded
 
 
 def import_mpi():
@@ -87,8 +88,8 @@ class MpiTransport(Transport):
         self.p2p_comm = base.Dup()
         # a third context only for abort notices: one receive from anyone, always posted
         self.abort_comm = base.Dup()
-        self.abort_notice = np.zeros(1, np.int64)
-        self.abort_request = self.abort_comm.Irecv([self.abort_notice, MPI.INT64_T], MPI.ANY_SOURCE, 0)
+        self.abort_notice = np.zeros(ABORT_NOTICE_BYTES, np.uint8)   # the aborter's reason, UTF-8
+        self.abort_request = self.abort_comm.Irecv([self.abort_notice, MPI.BYTE], MPI.ANY_SOURCE, 0)
         self.rank = base.Get_rank()
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
@@ -143,7 +144,8 @@ class MpiTransport(Transport):
                 raise CollectiveMismatch(
                     f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
                     f"(tag {request.tag}) but a larger message arrived") from None
-            raise
+            raise TransportError(f"rank {self.rank}: MPI failed the {request.kind} of {request.nbytes} B "
+                                 f"with rank {request.peer}: {str(error).splitlines()[0]}") from error
         if not finished:
             return False
         if request.kind == "recv":
@@ -183,8 +185,11 @@ class MpiTransport(Transport):
             backoff.pause()
 
     def _find_dead(self, error: Exception) -> None:
-        """After an MPI error: PeerLost naming a local rank that has died, if one has."""
+        """After an MPI error: CommunicatorAborted if a peer aborted (a rank that failed inside a
+        call aborts the group, and MPI may fail our request on its freed buffer first), PeerLost
+        naming a local rank that has died, if one has."""
         for _ in range(10):                    # a killed rank takes a moment to look dead
+            self.check_aborted()
             for peer, pid in self.local_pids.items():
                 if not process_alive(pid):
                     raise PeerLost(f"rank {peer} (pid {pid}) has died; rank {self.rank}'s MPI calls "
@@ -200,15 +205,18 @@ class MpiTransport(Transport):
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
-        notice = np.array([self.rank + 1], np.int64)
+        notice = np.zeros(ABORT_NOTICE_BYTES, np.uint8)
+        text = reason.encode()[:ABORT_NOTICE_BYTES]
+        notice[:len(text)] = np.frombuffer(text, np.uint8)
+        self._notice = notice   # kept alive for the sends, which are never waited: best effort
         for peer in range(self.size):
             if peer != self.rank:
-                self.abort_comm.Isend([notice, self.MPI.INT64_T], peer, 0)   # never waited: best effort
+                self.abort_comm.Isend([notice, self.MPI.BYTE], peer, 0)
 
     def check_aborted(self) -> None:
         if self.abort_request is not None and self.abort_request.Test():
             self.abort_request = None
-            self.aborted = f"the group was aborted by rank {int(self.abort_notice[0]) - 1}"
+            self.aborted = self.abort_notice.tobytes().rstrip(b"\0").decode(errors="replace")
         super().check_aborted()
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:

@@ -31,7 +31,8 @@ from .segment import Segment
 CONTROL_BYTES = 192          # head at byte 0, tail at 64, rendezvous acks at 128: a cache line each
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
-HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words
+HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words, abort reason
+ABORT_REASON_OFFSET = 64     # where in my header page my abort() writes its reason (UTF-8)
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
@@ -389,13 +390,22 @@ class ShmTransport(Transport):
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
+        # the reason goes into my own header page first, then the word into every peer's (x86 keeps
+        # the order of stores, so a peer that sees the word reads the whole reason)
+        text = reason.encode()[:HEADER_PAGE - ABORT_REASON_OFFSET]
+        page = self.segment.array
+        page[ABORT_REASON_OFFSET:ABORT_REASON_OFFSET + len(text)] = np.frombuffer(text, np.uint8)
+        page[ABORT_REASON_OFFSET + len(text):HEADER_PAGE] = 0
         for word in self.abort_words:
             word[0] = self.rank + 1          # every peer sees it at its next liveness check
 
     def check_aborted(self) -> None:
         word = self.abort_words[self.rank]   # peers write into my segment's word
         if word[0]:
-            raise CommunicatorAborted(f"rank {self.rank}: the group was aborted by rank {int(word[0]) - 1}")
+            aborter = int(word[0]) - 1
+            page = self.peers[aborter].array[ABORT_REASON_OFFSET:HEADER_PAGE]
+            reason = page.tobytes().split(b"\0", 1)[0].decode(errors="replace")
+            raise CommunicatorAborted(f"rank {self.rank}: {reason or f'aborted by rank {aborter}'}")
 
     def _check_alive(self, requests: Sequence[Request]) -> None:
         """PeerLost if a rank I wait for has died, or if a peer already found one dead.
@@ -414,7 +424,9 @@ class ShmTransport(Transport):
                                                f"died; rank {self.rank} was waiting for its {request!r}")
 
     def _lost(self, peer: int, message: str) -> PeerLost:
-        """Record `peer`'s death in every peer's header page (if nobody has yet) and make the error."""
+        """Record `peer`'s death in every peer's header page (if nobody has yet) and make the error;
+        a group already aborted raises that instead (a peer that aborted and left is not the cause)."""
+        self.check_aborted()
         for word in self.abort_words:
             if not word[1]:
                 word[1] = peer + 1
