@@ -81,7 +81,7 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 def causal_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """softmax(q k^T / sqrt(hd) + causal mask) v on (B, H, T, hd) heads (Vaswani et al. 2017)."""
     time, head_dim = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(0, 1, 3, 2)) / np.sqrt(head_dim)
+    scores = (q @ k.transpose(0, 1, 3, 2)) / q.dtype.type(np.sqrt(head_dim))   # stays in q's dtype
     future = np.triu(np.ones((time, time), dtype=bool), k=1)
     scores = np.where(future, -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)
@@ -96,7 +96,7 @@ def causal_attention_backward(dout: np.ndarray, cache):
     dweights = dout @ v.transpose(0, 1, 3, 2)
     dv = weights.transpose(0, 1, 3, 2) @ dout
     dscores = weights * (dweights - (dweights * weights).sum(axis=-1, keepdims=True))
-    dscores /= np.sqrt(q.shape[-1])
+    dscores /= q.dtype.type(np.sqrt(q.shape[-1]))
     return dscores @ k, dscores.transpose(0, 1, 3, 2) @ q, dv
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 
 import numpy as np
 
@@ -177,7 +178,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                  bucket_bytes=int(args.bucket_mb * 2**20),
                  first_bucket_bytes=int(args.first_bucket_mb * 2**20),
                  algorithm=args.algorithm, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
-                 micro_batches=args.micro_batches, chunks=args.chunks)
+                 micro_batches=args.micro_batches, chunks=args.chunks, stage_seconds=args.stage_seconds)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +214,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--ep", type=int, default=1, help="expert-parallel size")
     grid.add_argument("--micro-batches", type=int, default=4, help="pipeline: micro-batches m per step")
     grid.add_argument("--chunks", type=int, default=1, help="interleaved: model chunks v per rank")
+    grid.add_argument("--stage-seconds", type=float, default=0.0,
+                      help="pipeline: sleep this long per stage forward (twice per backward), so stages "
+                           "cost the same and the measured bubble is judged against the formula")
     grid.add_argument("--experts", type=int, default=0, help="MoE: experts E (0: dense MLPs)")
     grid.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="MoE: experts per token")
     grid.add_argument("--capacity-factor", type=float, default=1.0, help="MoE: capacity factor C")
@@ -230,7 +234,10 @@ def train_command(args: argparse.Namespace) -> int:
     nprocs = args.nprocs
     if args.strategy in MODEL_PARALLEL:
         module = strategy_module(args.strategy)
-        needed = module.world_size(args.strategy, setup)
+        try:
+            needed = module.world_size(args.strategy, setup)
+        except ValueError as error:   # a grid or model the strategy cannot run: say so, no traceback
+            args.parser.error(str(error))
         if nprocs is not None and nprocs != needed:
             args.parser.error(f"-n {nprocs}: --strategy {args.strategy} with --dp {setup.dp} --tp {setup.tp} "
                               f"--pp {setup.pp} --ep {setup.ep} needs {needed} ranks")
@@ -250,5 +257,6 @@ def train_command(args: argparse.Namespace) -> int:
         if "details" not in report or not hasattr(strategy_module(args.strategy), "plot"):
             args.parser.error(f"--plot: strategy {args.strategy} draws no picture")
         strategy_module(args.strategy).plot(report["details"], args.plot)
-        print(f"  picture: {args.plot}")
+        if os.path.exists(args.plot):
+            print(f"  picture: {args.plot}")
     return 1 if problems else 0
