@@ -144,9 +144,16 @@ def _ring_all_gather(n: int, s: float, m: Machine) -> float:
     return (n - 1) * m.alpha + (n - 1) / n * s * m.beta
 
 
-@model("all_gather", "recursive_doubling", "bruck")
+@model("all_gather", "recursive_doubling")
 def _log_all_gather(n: int, s: float, m: Machine) -> float:
     return _log2(n) * m.alpha + (n - 1) / n * s * m.beta + (0 if n & (n - 1) == 0 else s * m.beta)
+
+
+@model("all_gather", "bruck")
+def _bruck_all_gather(n: int, s: float, m: Machine) -> float:
+    # as many messages as recursive doubling and no folding, but it gathers into a temporary and
+    # rotates it into place: one more pass over the whole output (charged at γ, a memory pass)
+    return _log2(n) * m.alpha + (n - 1) / n * s * m.beta + s * m.gamma
 
 
 @model("reduce_scatter", "ring", "pairwise")
