@@ -122,8 +122,8 @@ def parse_failure(stdout: str) -> dict[str, object]:
     snippet = re.search(r"^(# colls fuzz on .*?print\(\"passed\"\)\n)", stdout, re.M | re.S)
     assert head and found and replay and snippet, stdout
     return {"rank": int(head.group(1)), "step": int(head.group(2)), "collective": head.group(3),
-            "kind": head.group(4), "error": head.group(5), "programs": int(found.group(1)), "steps": int(found.group(2)),
-            "seed": replay.group(1), "snippet": snippet.group(1)}
+            "kind": head.group(4), "error": head.group(5), "programs": int(found.group(1)),
+            "steps": int(found.group(2)), "seed": replay.group(1), "snippet": snippet.group(1)}
 
 
 @pytest.mark.timeout(180)

@@ -131,6 +131,20 @@ def traffic(comm, since: dict | None = None) -> tuple[int, int, dict[str, dict[s
     return (sum(p["bytes_sent"] for p in per.values()), sum(p["bytes_received"] for p in per.values()), per)
 
 
+def merge_traffic(record: StepRecord, groups: list) -> StepRecord:
+    """Add the sub-communicators' traffic (pipeline sends, tensor/expert/data-parallel collectives)
+    to a step record of the world communicator."""
+    for sub in groups:
+        sent, received, per = traffic(sub)
+        record.bytes_sent += sent
+        record.bytes_received += received
+        for name, counts in per.items():
+            mine = record.by_collective.setdefault(name, {"calls": 0, "bytes_sent": 0, "bytes_received": 0})
+            for key, value in counts.items():
+                mine[key] += value
+    return record
+
+
 class StepTimer:
     """Times a step and closes it with a record: traffic read *before* the loss is all-reduced, so
     the one-scalar loss report is not counted as training traffic."""

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import functional as F
 from .accounting import ring_all_reduce_bytes
-from .common import RunResult, Setup, StepTimer, local_batch, traffic
+from .common import RunResult, Setup, StepTimer, local_batch, merge_traffic
 from .data import shard_rows
 from .layers import MoE, Routing
 from .model import Model
@@ -277,20 +277,6 @@ def train(comm, setup: Setup) -> RunResult:
              "gradient_bytes_per_value": replica.grads.itemsize}
     return RunResult("ep", comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(), 0,
                      full.layout.pack(final).astype(np.float64), extra=extra)
-
-
-def merge_traffic(record, groups: list):
-    """Add the sub-communicators' traffic (the ep group's all-to-alls, the dp group's all-reduce)
-    to a step record of the world communicator."""
-    for sub in groups:
-        sent, received, per = traffic(sub)
-        record.bytes_sent += sent
-        record.bytes_received += received
-        for name, counts in per.items():
-            mine = record.by_collective.setdefault(name, {"calls": 0, "bytes_sent": 0, "bytes_received": 0})
-            for key, value in counts.items():
-                mine[key] += value
-    return record
 
 
 def serial_routing(setup: Setup) -> list[np.ndarray]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
-from .common import RunResult, Setup, StepTimer, global_batch, micro_batches, traffic
+from .common import RunResult, Setup, StepTimer, global_batch, merge_traffic, micro_batches, traffic
 from .data import shard_rows
 from .model import Model
 from .schedule import bubble_formula, bubble_of, schedule, simulate, stash_formula
@@ -284,20 +284,6 @@ def p2p_formula(chunks: list[Chunk], rows: int, row_bytes: int) -> int:
     gradients out of each non-first stage."""
     crossings = sum((not c.is_last) + (not c.is_first) for c in chunks)
     return crossings * rows * row_bytes
-
-
-def merge_traffic(record, groups: list):
-    """Add the sub-communicators' traffic (pipeline sends, data-parallel all-reduces) to a step
-    record of the world communicator."""
-    for sub in groups:
-        sent, received, per = traffic(sub)
-        record.bytes_sent += sent
-        record.bytes_received += received
-        for name, counts in per.items():
-            mine = record.by_collective.setdefault(name, {"calls": 0, "bytes_sent": 0, "bytes_received": 0})
-            for key, value in counts.items():
-                mine[key] += value
-    return record
 
 
 def data_parallel_plan(comm, setup: Setup, stage: int, position: int) -> Replicated:
