@@ -42,7 +42,8 @@ def ring(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> None:
 
 
 @register("reduce_scatter", "pairwise",
-          "n-1 steps; in step s rank r sends block r+s to rank r+s and folds in block r from r-s")
+          "n-1 steps; in step s rank r sends block r+s to rank r+s and folds in block r from r-s",
+          reads_input_only=True)
 def pairwise(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> None:
     """Pairwise-exchange reduce-scatter (Thakur, Rabenseifner & Gropp 2005, section 4.3).
 
@@ -51,7 +52,9 @@ def pairwise(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> Non
     """
     rank, size = channel.rank, channel.size
     block = out.shape[0]
-    mine = work[rank * block:(rank + 1) * block]
+    # `work` is only read (the caller may pass its input): my block is folded in a copy of its own
+    mine = np.empty_like(out)
+    np.copyto(mine, work[rank * block:(rank + 1) * block])
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
         outgoing = work[dst * block:(dst + 1) * block]

@@ -112,7 +112,12 @@ class Collectives:
         algo = check.algorithm("reduce_scatter", algorithm, op, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = _result_buffer(check.output("reduce_scatter", out, shape, x.dtype), shape, x.dtype)
-        scratch = np.array(x, copy=True).reshape(-1)
+        # most schedules fold partial sums into their input buffer, so they get a copy; one that
+        # only reads it is given `x` itself (unless the output overlaps it)
+        if algo.reads_input_only and not np.shares_memory(x, work):
+            scratch = x.reshape(-1)
+        else:
+            scratch = np.array(x, copy=True).reshape(-1)
 
         def body(channel):
             flat = work.reshape(-1)

@@ -59,7 +59,9 @@ class Colls:
         if kind == "all_reduce":
             return Prepared(lambda: comm.all_reduce(x, op=op, out=out, algorithm=algorithm), out)
         if kind == "broadcast":
-            return Prepared(lambda: comm.broadcast(x, root=ROOT, out=out, algorithm=algorithm), out)
+            # the buffers MPI's Bcast gets (baselines.py): in place on the root, `out` elsewhere
+            target = x if case.rank == ROOT else out
+            return Prepared(lambda: comm.broadcast(x, root=ROOT, out=target, algorithm=algorithm), target)
         if kind == "reduce":
             given = out if case.rank == ROOT else None
             return Prepared(lambda: comm.reduce(x, root=ROOT, op=op, out=given, algorithm=algorithm), given)
