@@ -280,6 +280,7 @@ def test_errors_name_the_fix():
 def test_colls_train_ep_command(tmp_path, capsys, monkeypatch):
     from colls.cli import main
 
+    pytest.importorskip("matplotlib")   # in the test extra; the second half needs none
     picture = tmp_path / "load.png"
     argv = ["train", "--strategy", "ep", "--ep", "3", "--experts", "4", "--top-k", "2", "--steps", "2",
             "--capacity-factor", "1.0", "--check-serial", "--plot", str(picture)]
