@@ -685,3 +685,16 @@ def gather_failures(comm, summary: dict[str, object]) -> tuple[int, list[str]]:
         chunk = table[r, :lengths[r, 0]].tobytes().decode()
         failures += [f for f in chunk.split("\n\x00") if f]
     return int(lengths[:, 1].sum()), failures
+
+
+def finite_difference_gradient(model, flat: np.ndarray, tokens: np.ndarray, targets: np.ndarray,
+                               step: float = 1e-6) -> np.ndarray:
+    """Central differences of `model`'s loss in every parameter: the reference for a backward pass."""
+    numeric = np.empty_like(flat)
+    for i in range(flat.size):
+        plus, minus = flat.copy(), flat.copy()
+        plus[i] += step
+        minus[i] -= step
+        numeric[i] = (model.loss_and_grad(plus, tokens, targets)[0]
+                      - model.loss_and_grad(minus, tokens, targets)[0]) / (2 * step)
+    return numeric

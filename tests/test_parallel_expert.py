@@ -17,6 +17,7 @@ from functools import cache
 
 import numpy as np
 import pytest
+from reference import finite_difference_gradient
 
 import colls
 from colls.parallel import expert
@@ -70,14 +71,7 @@ def test_moe_gradient_matches_finite_differences(top_k, router, capacity):
     flat = model.init_params(1) + 0.1 * rng.standard_normal(model.layout.total)
     tokens, targets = rng.integers(0, 7, (3, 6)), rng.integers(0, 7, (3, 6))
     _, grad = model.loss_and_grad(flat, tokens, targets)
-    numeric = np.empty_like(flat)
-    step = 1e-6
-    for i in range(flat.size):
-        plus, minus = flat.copy(), flat.copy()
-        plus[i] += step
-        minus[i] -= step
-        numeric[i] = (model.loss_and_grad(plus, tokens, targets)[0]
-                      - model.loss_and_grad(minus, tokens, targets)[0]) / (2 * step)
+    numeric = finite_difference_gradient(model, flat, tokens, targets)
     assert np.abs(numeric - grad).max() <= 1e-7 * max(1.0, np.abs(grad).max())
     routing = model.forward(model.flat_source(flat), tokens, targets, 1.0)[1][2].routing
     if capacity < 1:
