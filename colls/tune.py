@@ -3,16 +3,28 @@
 α and β come from a ping-pong between ranks 0 and 1 over the transport itself (8 B and 4 MiB
 messages, median of many round trips); γ from timing a numpy reduction of 4 MiB in place. Run by
 `colls tune [--transport shm]`, which starts two ranks of `python -m colls.tune`.
+
+`colls run -n N -m colls.tune --profile FILE.json` measures instead what `colls plan calibrate
+--profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
+from 8 B to 64 MiB right after a barrier (both shm protocols: the FIFO below 64 KiB, cross-memory
+attach above) between two ranks pinned to two cores, what the barrier adds to it, the software of
+one call per collective (on a one-rank group: no message), numpy's reductions and copies per byte
+at several sizes with as many ranks at once as there are cores (the memory bus is shared), how
+long a waiting rank polls before it yields its core, and what getting a core back costs.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
 
 from algorithms.cost import Machine
+from transports.base import Backoff
 
 from .communicator import Communicator
 from .selection import save_machine
@@ -50,6 +62,164 @@ def reduce_seconds_per_byte(nbytes: int = LARGE_BYTES, rounds: int = 20) -> floa
     return statistics.median(times) / nbytes
 
 
+PROFILE_MESSAGE_BYTES = (8, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20,
+                         16 << 20, 64 << 20)
+PROFILE_WORK_BYTES = (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
+
+
+def slowest(comm: Communicator, times: list[float]) -> list[float]:
+    """Per round, the largest of every rank's times (a MAX all-reduce, as `colls bench` takes)."""
+    return comm.all_reduce(np.array(times), op="max", algorithm="recursive_doubling").tolist()
+
+
+def pair_one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
+    """Median one-way time of an `nbytes` ping-pong between ranks 2k and 2k+1, every pair at once;
+    the slowest pair's per round."""
+    buf = np.zeros(nbytes, np.uint8)
+    channel = comm.channel("colls tune pairs", timeout=120)
+    partner = comm.rank ^ 1
+    times = []
+    comm.barrier()
+    for _ in range(rounds):
+        start = time.perf_counter()
+        if partner < comm.size and comm.rank % 2 == 0:
+            channel.wait(channel.send(buf, partner))
+            channel.wait(channel.recv(buf, partner))
+        elif partner < comm.size:
+            channel.wait(channel.recv(buf, partner))
+            channel.wait(channel.send(buf, partner))
+        times.append((time.perf_counter() - start) / 2)
+    return statistics.median(slowest(comm, times))
+
+
+def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float:
+    """Median time, the slower rank's, of one `nbytes` message from rank 0 to rank 1 of a two-rank
+    `pair` started right after a barrier (as `colls bench` times a call): the receiver is still
+    polling when it comes, so no wake-up is in it."""
+    buf = np.zeros(nbytes, np.uint8)
+    channel = pair.channel("colls tune after barrier", timeout=120)
+    times = []
+    for _ in range(rounds):
+        pair.barrier()
+        start = time.perf_counter()
+        if pair.rank == 0:
+            channel.wait(channel.send(buf, 1))
+        else:
+            channel.wait(channel.recv(buf, 0))
+        times.append(time.perf_counter() - start)
+    return statistics.median(slowest(pair, times))
+
+
+def pinned(cores: set[int]) -> set[int]:
+    """Run this process on `cores` only; returns the cores it was allowed before."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    return allowed
+
+
+def call_seconds(comm: Communicator, collective: str, rounds: int = 2000) -> float:
+    """Software of one call of `collective` (describe, select, run, deliver) on a 1 KiB buffer in a
+    one-rank group, where no message moves."""
+    alone = comm.split(comm.rank)
+    x = np.ones(256, np.float32)
+    out = np.empty_like(x)
+    call = {"all_reduce": lambda: alone.all_reduce(x, out=out),
+            "broadcast": lambda: alone.broadcast(x, root=0, out=x),
+            "all_to_all": lambda: alone.all_to_all(x, out=out)}[collective]
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    alone.close()
+    return statistics.median(times)
+
+
+def spin_seconds(comm: Communicator, rounds: int = 200) -> float:
+    """How long a waiting rank polls before it yields its core (`Backoff.SPIN_POLLS` polls)."""
+    backoff, times = Backoff(), []
+    poll = getattr(comm.transport, "progress", lambda: False)
+    for _ in range(rounds):
+        backoff.reset()
+        start = time.perf_counter()
+        for _ in range(Backoff.SPIN_POLLS - 1):
+            poll()
+            backoff.pause()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300) -> float:
+    """What a rank that yielded its core waits to get one back: an 8 B ping-pong of a two-rank
+    `pair` pinned to one core (each message hands the core over) less the free one-way time `free`
+    and the `spin` the sender polls before it yields."""
+    allowed = pinned({min(os.sched_getaffinity(0))})
+    try:
+        shared = pair_one_way_seconds(pair, SMALL_BYTES, rounds)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return max(0.0, shared - free - spin)
+
+
+def work_seconds_per_byte(comm: Communicator, kind: str, nbytes: int, workers: int | None = None) -> float:
+    """Seconds per byte of an in-place float32 sum (`kind` "reduce") or a copy ("copy") of `nbytes`,
+    the first `workers` ranks (default every rank) at once after a barrier (the slowest one's,
+    median over rounds)."""
+    a = np.ones(max(1, nbytes // 4), np.float32)
+    b = np.ones_like(a)
+    rounds = max(5, min(200, (64 << 20) // max(nbytes, 1) * 5))
+    times = []
+    for _ in range(rounds):
+        comm.barrier()
+        start = time.perf_counter()
+        if workers is not None and comm.rank >= workers:
+            pass
+        elif kind == "reduce":
+            np.add(a, b, out=a)
+        else:
+            np.copyto(a, b)
+        times.append(time.perf_counter() - start)
+    return statistics.median(slowest(comm, times)) / a.nbytes
+
+
+def profile(comm: Communicator) -> dict:
+    """Everything `colls plan calibrate --profile` models shared memory with, at this group size.
+
+    Messages are timed between ranks 0 and 1 pinned to two cores (the other ranks idle), right
+    after a barrier; `start_s` is what the barrier adds to the first message; reductions and copies
+    run on as many ranks at once as there are cores, each pinned to its own. What more ranks than
+    cores add is the model's (`spin_s`, `wake_s`), not the measurement's."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = len(allowed)
+    workers = min(comm.size, cores)
+    pair = comm.split(0 if comm.rank < 2 else None)
+    message: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    if pair is not None:
+        before = pinned({allowed[pair.rank % cores]})
+        pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
+        free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
+        rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
+        after = {n: after_barrier_seconds(pair, n, rounds[n]) for n in PROFILE_MESSAGE_BYTES}
+        start = max(0.0, after[SMALL_BYTES] - free)
+        message = {str(n): max(free, t - start) for n, t in after.items()}
+        spin = spin_seconds(pair)
+        os.sched_setaffinity(0, before)
+        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin)}
+        pair.close()
+    shared = comm.broadcast(np.array([extra.get(k, 0.0) for k in ("start_s", "spin_s", "wake_s")]), root=0)
+    calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
+    before = pinned({allowed[comm.rank % cores]}) if comm.rank < workers else None
+    work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
+            for kind in ("reduce", "copy")}
+    if before is not None:
+        os.sched_setaffinity(0, before)
+    return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
+            "start_s": float(shared[0]), "spin_s": float(shared[1]), "wake_s": float(shared[2]),
+            "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"]}
+
+
 def measure(comm: Communicator) -> Machine:
     """α, β, γ for `comm`'s transport (ranks beyond 1 only wait at the barriers)."""
     comm.barrier()
@@ -66,6 +236,14 @@ def main() -> int:
     import colls
 
     comm = colls.init()
+    if "--profile" in sys.argv:
+        path = sys.argv[sys.argv.index("--profile") + 1]
+        measured = profile(comm)
+        if comm.rank == 0:
+            with open(path, "w") as handle:
+                handle.write(json.dumps(measured, indent=2) + "\n")
+            print(f"{comm.transport.name} at {comm.size} ranks: profile -> {path}")
+        return 0
     if comm.size < 2:
         print("colls tune needs at least 2 ranks: colls tune, or colls run -n 2 -m colls.tune")
         return 2

@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from algorithms.cost import Machine
-from colls.plan.calibrate import Extra, SharedMemory, predict
 from colls.plan.cli import parse_bytes
 from colls.plan.simulate import simulate
 from colls.plan.topology import Cluster
@@ -76,40 +74,6 @@ def test_a_straggler_slows_the_pipeline():
     fast = simulate("all_reduce", "ring", 64 << 20, cluster.network(), 8, cluster.gamma)
     slow = simulate("all_reduce", "ring", 64 << 20, cluster.network(), 8, cluster.gamma, slowdown={3: 50.0})
     assert slow.seconds > fast.seconds
-
-
-@pytest.mark.timeout(30)
-def test_calibration_model_on_shared_memory():
-    machine = Machine(alpha=5e-6, beta=1 / 10e9, gamma=1 / 15e9)
-    # 2 ranks, 2 cores: a broadcast is one message, α + Sβ, plus the root's copy of x into out (β/2)
-    assert predict("broadcast", "binomial", 2, 1 << 20, machine, 2) == \
-        pytest.approx(5e-6 + (1 << 20) * 1.5e-10, rel=1e-6)
-    # 4 ranks streaming at once on 2 cores share the CPUs: the ring's bytes take twice as long
-    two = predict("all_to_all", "pairwise", 4, 16 << 20, machine, 4)
-    crowded = predict("all_to_all", "pairwise", 4, 16 << 20, machine, 2)
-    assert crowded > 1.5 * two
-    assert predict("all_reduce", "ring", 2, 1024, machine, 2, Extra(call_overhead=1e-5)) > 1e-5
-    assert SharedMemory(2, machine, 2).route(0, 1).alpha == 5e-6
-
-
-@pytest.mark.timeout(60)
-def test_cli_calibrate_reads_bench_and_tune_files(tmp_path):
-    import json
-
-    tune = tmp_path / "tune.json"
-    tune.write_text(json.dumps({"shm": {"alpha": 5e-6, "beta": 1e-10, "gamma": 1e-10}}))
-    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 2,
-              "bytes": 1 << 20}
-    runs = []
-    for i, seconds in enumerate((1e-4, 2e-4, 9e-4)):   # the median of the three runs is 2e-4
-        path = tmp_path / f"bench{i}.json"
-        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds)]}))
-        runs.append(str(path))
-    result = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--tune", str(tune),
-                             "--cores", "2", "--bench", *runs], capture_output=True, text=True, timeout=50)
-    assert result.returncode == 0, result.stderr
-    assert "| broadcast | 2 | 1 MiB | binomial | 200.0 us |" in result.stdout
-    assert "2 ranks: geometric-mean error" in result.stdout
 
 
 def test_parse_bytes():

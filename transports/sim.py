@@ -124,11 +124,14 @@ class Link:
 
 @dataclass(frozen=True)
 class Route:
-    """How a message from one rank reaches another: its α, the links it crosses, the sending port."""
+    """How a message from one rank reaches another: its α, the links it crosses, the sending port;
+    `byte_weight` scales the bytes that flow (a protocol that costs more per byte than the links'
+    capacities say)."""
 
     alpha: float
     links: tuple[Link, ...]
     port: str = "net"
+    byte_weight: float = 1.0
 
 
 class IdealNetwork:
@@ -176,7 +179,7 @@ class _Message:
         self.route = route
         self.data = data
         self.arrived: float | None = None
-        self.remaining = float(send.nbytes)
+        self.remaining = float(send.nbytes) * route.byte_weight
         self.rate = 0.0
         self.since = 0.0
         self.version = 0
@@ -193,7 +196,7 @@ class _Port:
 
 
 # event kinds
-_PORT_START, _FLOW_DONE, _COMPLETE = range(3)
+_PORT_START, _FLOW_DONE, _COMPLETE, _CORE_FREE = range(4)
 
 
 class _Rank:
@@ -204,6 +207,8 @@ class _Rank:
         self.rank = rank
         self.clock = 0.0
         self.slowdown = 1.0
+        self.core: int | None = None  # with time sharing: the core it runs (or spins) on
+        self.wake = 0.0               # and what getting it back costs when it resumes
         self.outstanding = 0          # watched requests not yet done while blocked
         self.fiber = None             # its thread's lock, or its greenlet
         self.started = False
@@ -274,6 +279,56 @@ class _Greenlets:
         return None
 
 
+@dataclass(frozen=True)
+class TimeSharing:
+    """More ranks than `cores` on one machine: a rank that waits spins on its core `spin` seconds,
+    then yields it to a rank that can run; taking a core back costs `wake` (switch and scheduler)."""
+
+    cores: int
+    spin: float
+    wake: float
+
+
+class _Cores:
+    """Which rank holds which core, and from when each core is free for another rank to take."""
+
+    def __init__(self, sharing: TimeSharing) -> None:
+        self.sharing = sharing
+        self.free = [0.0] * sharing.cores             # inf while its rank runs
+        self.owner: list[_Rank | None] = [None] * sharing.cores
+
+    def claim(self, rank: _Rank, now: float) -> bool:
+        """Whether `rank` can run at `now`: on the core it still spins on, or on a core that is free
+        (yielded: its clock pays the wake-up; idle: nothing). False: no core until `next_free`."""
+        core = rank.core
+        if core is not None and self.owner[core] is rank and now <= self.free[core]:
+            self.free[core] = math.inf
+            return True
+        core = min(range(len(self.free)), key=self.free.__getitem__)
+        if self.free[core] > now:
+            return False
+        previous = self.owner[core]
+        if previous is not None:
+            previous.core = None
+            rank.wake = self.sharing.wake
+        self.owner[core], self.free[core], rank.core = rank, math.inf, core
+        return True
+
+    def next_free(self) -> float:
+        """When a core is free next (while every rank that holds one waits or spins)."""
+        return min(self.free)
+
+    def release(self, rank: _Rank, now: float, finished: bool = False) -> None:
+        """`rank` waits from `now` (it keeps its core `spin` longer), or has finished."""
+        core = rank.core
+        if core is None:
+            return
+        self.free[core] = now if finished else now + self.sharing.spin
+        if finished:
+            self.owner[core] = None
+            rank.core = None
+
+
 class SimulationFailed(RuntimeError):
     """The simulated program deadlocked or one of its ranks raised."""
 
@@ -301,6 +356,8 @@ class SimWorld:
         self._dirty: set[Link] = set()
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
+        sharing = getattr(network, "time_sharing", None)   # a machine with fewer cores than ranks
+        self._cores = _Cores(sharing) if sharing is not None and sharing.cores < size else None
         self.failure: BaseException | None = None
         self.messages = 0
 
@@ -341,6 +398,7 @@ class SimWorld:
     def _rank_main(self, rank: _Rank, body: Callable, transport: SimTransport) -> None:
         _RUNNING[0] = rank
         rank.started = True
+        self._woken(rank)
         try:
             if self.failure is None:
                 rank.result = body(transport)
@@ -351,6 +409,13 @@ class SimWorld:
                 self.failure = error
         rank.finished = True
         rank.clock = max(rank.clock, self.now)
+        if self._cores is not None:
+            self._cores.release(rank, rank.clock, finished=True)
+
+    def _woken(self, rank: _Rank) -> None:
+        """A rank that took a core another rank had yielded pays the wake-up (time sharing)."""
+        rank.clock = max(rank.clock, self.now) + rank.wake
+        rank.wake = 0.0
 
     def _next_stuck(self) -> _Rank | None:
         """After a failure: an unfinished rank to resume so that it raises and ends."""
@@ -358,6 +423,8 @@ class SimWorld:
 
     def block(self, rank: _Rank) -> None:
         """`rank` waits: hand the baton straight to the next runnable rank, return when resumed."""
+        if self._cores is not None:
+            self._cores.release(rank, rank.clock)
         following = self._next_runnable() if self.failure is None else None
         if following is not None and not following.started:
             # a rank starts from run(), not from deep in another rank's stack (greenlets would
@@ -370,16 +437,23 @@ class SimWorld:
         if self.failure is not None:
             raise CommunicatorAborted(f"simulation stopped: {self.failure}")
         rank.clock = max(rank.clock, self.now)
+        self._woken(rank)
 
     def _next_runnable(self) -> _Rank | None:
         """Process events in virtual-time order until a rank can run; None when nothing is left."""
         events = self._events
         while True:
             if self._runnable:
-                return self._runnable.popleft()
+                rank = self._runnable.popleft()
+                if self._cores is None or self._cores.claim(rank, self.now):
+                    return rank
+                self._push(self._cores.next_free(), _CORE_FREE, rank)   # no core for it yet
+                continue
             if events and events[0][0] <= self.now:
                 _, _, kind, what, version = heapq.heappop(events)
-                if kind == _FLOW_DONE:
+                if kind == _CORE_FREE:
+                    self._runnable.append(what)
+                elif kind == _FLOW_DONE:
                     if what.version == version:
                         self._end_flow(what)
                 elif kind == _PORT_START:
@@ -398,12 +472,15 @@ class SimWorld:
 
     # -- messages --------------------------------------------------------------------------------
 
-    def route(self, src: int, dst: int) -> Route:
-        """The (cached) route from world rank `src` to `dst`."""
-        key = (src, dst)
+    def route(self, src: int, dst: int, nbytes: int = 0) -> Route:
+        """The (cached) route from world rank `src` to `dst`; a network with `route_for(src, dst,
+        nbytes)` (protocols chosen by message size, as shared memory's) routes each size apart."""
+        sized = getattr(self.network, "route_for", None)
+        key = (src, dst) if sized is None else (src, dst, nbytes)
         route = self._routes.get(key)
         if route is None:
-            route = self._routes[key] = self.network.route(src, dst)
+            route = self.network.route(src, dst) if sized is None else sized(src, dst, nbytes)
+            self._routes[key] = route
         return route
 
     def post_send(self, message: _Message) -> None:
@@ -547,7 +624,7 @@ class SimTransport(Transport):
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
         receiver = world.ranks[self.group.world_ranks[peer]]
-        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank)
+        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank, buf.nbytes)
         message = _Message(request, route, data, me)
         key = (self.group.id, self.rank, tag)
         waiting = receiver.unmatched_recvs.get(key)

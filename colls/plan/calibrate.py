@@ -1,67 +1,141 @@
-"""Check the simulator against measured times: `colls plan calibrate --bench FILE.json --tune FILE`.
+"""Check the simulator against measured times: `colls plan calibrate --bench FILE.json --profile FILE`.
 
 The measured side is a `colls bench --json` file (median of the slowest rank's time per size); the
-predicted side runs the very algorithm each row used on the `sim` transport with the α, β and γ
-that `colls tune` saved, over a model of shared memory on one machine:
+predicted side runs the very algorithm each row used on the `sim` transport over a model of one
+machine's shared memory whose constants come from a profile that `colls run -n N -m colls.tune
+--profile FILE` measured at the same number of ranks (never fitted to the bench):
 
-- each rank copies in and out at 1/β (the ping-pong's per-byte cost, which holds both copies of
-  the shm transport: into the segment and out of it) and the machine's `cores` CPUs are a link all
-  flows cross, so 4 ranks streaming at once on 2 cores each get half;
-- a local copy (the collective's input into its output) costs β/2 per byte, one copy of the two;
-- reductions and copies, being CPU work too, are slowed by ranks/cores when ranks outnumber cores;
-- optionally (`Extra`, measured with the same `colls.tune` functions, never fitted to the bench):
-  a per-call software overhead, and β and γ at 64 MiB, where buffers no longer fit the caches;
-  between 4 MiB (where `colls tune` measures) and 64 MiB the per-byte costs are interpolated on
-  log(size).
+- a message costs what a ping-pong of its size took with every pair of ranks at once: α(n) and a
+  per-byte cost β(n) read off the measured one-way times, per protocol, since the shm transport
+  moves a message below 64 KiB through its FIFO (the sender copies in, the receiver copies out) and
+  a larger one by cross-memory attach (the receiver copies straight out of the sender);
+- those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
+  receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
+  get half (a rank that waits yields its core);
+- reductions and copies cost what numpy took per byte at the call's size (in or out of cache) with
+  every rank working at once (ranks sharing a core and the memory bus are in the number);
+- every call pays its software (describe, select, deliver; measured on a one-rank group) and the
+  start of its first message after the bench's barrier (skew and wake-up).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from algorithms.cost import Machine
-from transports.sim import Link, Route, SimTransport
+from transports.shm import rendezvous_bytes
+from transports.sim import Link, Route, SimTransport, TimeSharing
 
 from .simulate import run_algorithm, run_world
 
+REFERENCE_SECONDS_PER_BYTE = 1e-10   # the links' unit: a route's byte_weight is its β(n) over this
+# How several runs of one measurement combine: their median, or the fastest (other jobs on a shared
+# machine only ever slow a run down, and the model has no term for them).
+COMBINE = {"median": lambda values: float(np.median(values)), "fastest": lambda values: float(min(values))}
 
-class SharedMemory:
-    """One machine's ranks: a copy link per rank each way, and the CPUs shared by every flow."""
 
-    def __init__(self, size: int, machine: Machine, cores: int) -> None:
-        self.outgoing = [Link(f"rank{r}.out", 1 / machine.beta) for r in range(size)]
-        self.incoming = [Link(f"rank{r}.in", 1 / machine.beta) for r in range(size)]
-        self.cpus = Link("cpus", cores / machine.beta)
-        self.alpha = machine.alpha
-
-    def route(self, src: int, dst: int) -> Route:
-        """Out of the sender, through the CPUs, into the receiver."""
-        return Route(self.alpha, (self.outgoing[src], self.cpus, self.incoming[dst]))
+def _interpolate(table: list[tuple[int, float]], nbytes: int) -> float:
+    """A per-byte cost at `nbytes`, linear in log(size) between measured sizes, flat beyond them."""
+    sizes = [size for size, _ in table]
+    if nbytes <= sizes[0]:
+        return table[0][1]
+    if nbytes >= sizes[-1]:
+        return table[-1][1]
+    i = bisect.bisect_right(sizes, nbytes) - 1
+    (low, below), (high, above) = table[i], table[i + 1]
+    weight = math.log(nbytes / low) / math.log(high / low)
+    return below + (above - below) * weight
 
 
 @dataclass(frozen=True)
-class Extra:
-    """Constants beyond α, β, γ: seconds of software per call, β and γ of out-of-cache buffers."""
+class Profile:
+    """One machine at one number of ranks, as `colls.tune.profile` measured it (see there)."""
 
-    call_overhead: float = 0.0
-    beta_large: float | None = None
-    gamma_large: float | None = None
+    ranks: int
+    cores: int
+    message: tuple[tuple[int, float], ...]     # (bytes, one-way seconds), sorted
+    start: float
+    call: dict[str, float]
+    reduce: tuple[tuple[int, float], ...]      # (bytes, seconds per byte)
+    copy: tuple[tuple[int, float], ...]
+    spin: float = 0.0
+    wake: float = 0.0
+    rendezvous: int = 64 << 10
 
-    def at(self, machine: Machine, nbytes: int) -> Machine:
-        """The machine's constants for a collective of `nbytes` (in cache up to 4 MiB)."""
-        small, large = 4 << 20, 64 << 20
-        weight = min(1.0, max(0.0, math.log(max(nbytes, 1) / small) / math.log(large / small)))
+    @classmethod
+    def load(cls, paths: list[str], runs: str = "median") -> Profile:
+        """Several profile files (all measured at the same ranks) in one: each number's median over
+        them, or (`runs="fastest"`) its smallest."""
+        combine = COMBINE[runs]
+        entries = [json.loads(open(path).read()) for path in paths]
+        ranks = {entry["ranks"] for entry in entries}
+        if len(ranks) != 1:
+            raise ValueError(f"profiles of different rank counts {sorted(ranks)} given together")
 
-        def blend(near: float, far: float | None) -> float:
-            return near if far is None else near * (far / near) ** weight
+        def median_table(field: str) -> tuple[tuple[int, float], ...]:
+            sizes = sorted({int(size) for entry in entries for size in entry[field]})
+            return tuple((size, combine([e[field][str(size)] for e in entries if str(size) in e[field]]))
+                         for size in sizes)
 
-        return Machine(machine.alpha, blend(machine.beta, self.beta_large),
-                       blend(machine.gamma, self.gamma_large))
+        calls = {name for entry in entries for name in entry["call_s"]}
+        return cls(ranks.pop(), int(entries[0]["cores"]), median_table("message_s"),
+                   combine([entry["start_s"] for entry in entries]),
+                   {name: combine([e["call_s"][name] for e in entries if name in e["call_s"]])
+                    for name in calls},
+                   median_table("reduce_s_per_byte"), median_table("copy_s_per_byte"),
+                   combine([entry.get("spin_s", 0.0) for entry in entries]),
+                   combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes())
+
+    def message_cost(self, nbytes: int) -> tuple[float, float]:
+        """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
+        bytes between the two measured sizes around it (the last two beyond them)."""
+        fifo = nbytes < self.rendezvous
+        points = [(size, t) for size, t in self.message if (size < self.rendezvous) == fifo]
+        if len(points) < 2:   # a protocol measured at one size only: all of it is α
+            size, seconds = points[0] if points else self.message[0]
+            return seconds, 0.0
+        sizes = [size for size, _ in points]
+        i = min(max(bisect.bisect_right(sizes, nbytes) - 1, 0), len(points) - 2)
+        (low, t_low), (high, t_high) = points[i], points[i + 1]
+        beta = max(0.0, (t_high - t_low) / (high - low))
+        alpha = t_low - low * beta
+        if alpha < 0:   # the line through the two points passes below zero: keep the time, drop α
+            alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
+        return alpha, beta
+
+    def reduce_seconds_per_byte(self, nbytes: int) -> float:
+        """γ for a call of `nbytes`."""
+        return _interpolate(list(self.reduce), nbytes)
+
+    def copy_seconds_per_byte(self, nbytes: int) -> float:
+        """Seconds per byte of a local copy in a call of `nbytes`."""
+        return _interpolate(list(self.copy), nbytes)
+
+
+class SharedMemory:
+    """One machine's ranks: a CPU link per rank, and the cores that every copying flow shares."""
+
+    def __init__(self, size: int, profile: Profile, cores: int | None = None) -> None:
+        capacity = 1 / REFERENCE_SECONDS_PER_BYTE
+        self.cpu = [Link(f"rank{r}.cpu", capacity) for r in range(size)]
+        self.cores = Link("cores", (cores or profile.cores) * capacity)
+        self.profile = profile
+        # more ranks than cores: a rank that waits longer than its spin yields and must wake up
+        self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake)
+
+    def route(self, src: int, dst: int) -> Route:
+        """A message of no size (the sim asks `route_for` with the size)."""
+        return self.route_for(src, dst, 0)
+
+    def route_for(self, src: int, dst: int, nbytes: int) -> Route:
+        """The FIFO keeps sender and receiver copying; cross-memory attach only the receiver."""
+        alpha, beta = self.profile.message_cost(nbytes)
+        cpus = (self.cpu[src], self.cpu[dst]) if nbytes < self.profile.rendezvous else (self.cpu[dst],)
+        return Route(alpha, (*cpus, self.cores), "intra", beta / REFERENCE_SECONDS_PER_BYTE)
 
 
 @dataclass(frozen=True)
@@ -81,49 +155,57 @@ class Point:
         return self.predicted / self.measured - 1
 
 
-def predict(collective: str, algorithm: str, ranks: int, nbytes: int, machine: Machine,
-            cores: int, extra: Extra = Extra()) -> float:
-    """Seconds the simulator predicts for one `colls bench` call (the input copy included)."""
-    crowding = max(1.0, ranks / cores)
-    machine = extra.at(machine, nbytes)
-    network = SharedMemory(ranks, machine, cores)
+def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
+            cores: int | None = None) -> float:
+    """Seconds the simulator predicts for one `colls bench` call (software and input copy included)."""
+    network = SharedMemory(ranks, profile, cores)
+    copy = profile.copy_seconds_per_byte(nbytes)
+    overhead = profile.call.get(collective, 0.0) + profile.start
 
     def body(transport: SimTransport) -> int:
-        transport.elapse(extra.call_overhead)   # describe, select, fingerprint: Python per call
-        if collective == "all_reduce" or (collective == "broadcast" and transport.rank == 0):
-            transport.elapse(nbytes * machine.beta / 2 * crowding)   # x copied into out first
+        transport.elapse(overhead)   # describe, select, deliver; the first message after the barrier
+        if collective == "all_reduce":
+            transport.elapse(nbytes * copy)   # x copied into out first (broadcast's root works in place)
         return run_algorithm(transport, collective, algorithm, nbytes)
 
-    return run_world(ranks, network, body, machine.gamma * crowding,
-                     machine.beta / 2 * crowding).seconds
+    return run_world(ranks, network, body, profile.reduce_seconds_per_byte(nbytes), copy).seconds
 
 
-def load_tune(path: str, transport: str = "shm") -> Machine:
-    """α, β, γ from a `colls tune` file."""
-    entry = json.loads(open(path).read())[transport]
-    return Machine(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
+def load_profiles(paths: list[str], runs: str = "median") -> dict[int, Profile]:
+    """Profiles by rank count; several files of one rank count combine as `runs` says."""
+    by_ranks: dict[int, list[str]] = {}
+    for path in paths:
+        by_ranks.setdefault(int(json.loads(open(path).read())["ranks"]), []).append(path)
+    return {ranks: Profile.load(files, runs) for ranks, files in by_ranks.items()}
 
 
-def measured_medians(bench_paths: list[str]) -> dict[tuple, float]:
-    """(collective, algorithm, ranks, bytes) -> the median over several bench runs of their medians."""
-    runs: dict[tuple, list[float]] = {}
+def measured_medians(bench_paths: list[str], runs: str = "median") -> dict[tuple, float]:
+    """(collective, algorithm, ranks, bytes) -> the median (or fastest) of several bench runs' medians."""
+    found: dict[tuple, list[float]] = {}
     for path in bench_paths:
         for record in json.loads(open(path).read())["records"]:
             if record.get("implementation") == "colls":
                 key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"])
-                runs.setdefault(key, []).append(record["time_median_s"])
-    return {key: float(np.median(times)) for key, times in runs.items()}
+                found.setdefault(key, []).append(record["time_median_s"])
+    return {key: COMBINE[runs](times) for key, times in found.items()}
 
 
-def compare(bench_paths: list[str], machine: Machine, cores: int | None = None,
-            extra: Extra = Extra()) -> list[Point]:
-    """Every colls row of one or more bench JSON files (medians across files) beside the prediction."""
-    cores = cores or os.cpu_count() or 1
+def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
+            runs: str = "median") -> list[Point]:
+    """Every colls row of the bench files (medians across files) whose rank count has a profile,
+    beside the prediction."""
     points = []
-    for (collective, algorithm, ranks, nbytes), measured in measured_medians(bench_paths).items():
-        predicted = predict(collective, algorithm, ranks, nbytes, machine, cores, extra)
-        points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted))
+    medians = measured_medians(bench_paths, runs)
+    for (collective, algorithm, ranks, nbytes), measured in sorted(medians.items(), key=_table_order):
+        if ranks in profiles:
+            predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores)
+            points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted))
     return points
+
+
+def _table_order(item: tuple) -> tuple:
+    (collective, _, ranks, nbytes), _ = item
+    return ranks, collective, nbytes
 
 
 def summary(points: list[Point]) -> tuple[float, float]:

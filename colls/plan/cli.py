@@ -50,12 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     calibrate = modes.add_parser("calibrate", help="predictions beside measured `colls bench --json` times")
     calibrate.add_argument("--bench", nargs="+", required=True, metavar="FILE.json",
                            help="bench results; several runs of the same points give their median")
-    calibrate.add_argument("--tune", default=None, metavar="FILE",
-                           help="colls tune's file (default $COLLS_TUNE_FILE or ~/.cache/colls/tune.json)")
-    calibrate.add_argument("--cores", type=int, default=None, help="CPUs (default: this machine's)")
-    calibrate.add_argument("--call-overhead-us", type=float, default=0.0, help="software per call")
-    calibrate.add_argument("--beta-64m", type=float, default=None, help="s/byte of a 64 MiB ping-pong")
-    calibrate.add_argument("--gamma-64m", type=float, default=None, help="s/byte reducing 64 MiB")
+    calibrate.add_argument("--profile", nargs="+", required=True, metavar="FILE.json",
+                           help="`colls run -n N -m colls.tune --profile FILE` at each N benched; "
+                                "several of one N give their median")
+    calibrate.add_argument("--cores", type=int, default=None, help="CPUs (default: the profile's)")
+    calibrate.add_argument("--runs", choices=("median", "fastest"), default="median",
+                           help="how several runs of one point (bench or profile) combine")
     for mode in (collective, train, scale):
         mode.add_argument("--nodes", default="16" if mode is not train else "128",
                           help="nodes (scale: a comma-separated list)")
@@ -87,15 +87,14 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_table(args: argparse.Namespace) -> int:
-    from colls.selection import tune_file
+    from .calibrate import compare, load_profiles, summary, table
 
-    from .calibrate import Extra, compare, load_tune, summary, table
-
-    machine = load_tune(args.tune or str(tune_file()))
-    extra = Extra(args.call_overhead_us * 1e-6, args.beta_64m, args.gamma_64m)
-    points = compare(args.bench, machine, args.cores, extra)
-    print(f"# alpha {machine.alpha * 1e6:.2f} us, beta {1 / machine.beta / 1e9:.2f} GB/s, "
-          f"gamma {1 / machine.gamma / 1e9:.2f} GB/s; {extra}")
+    profiles = load_profiles(args.profile, args.runs)
+    points = compare(args.bench, profiles, args.cores, args.runs)
+    for ranks, profile in sorted(profiles.items()):
+        print(f"# {ranks} ranks on {args.cores or profile.cores} cores: 8 B message "
+              f"{profile.message[0][1] * 1e6:.2f} us, start {profile.start * 1e6:.2f} us, calls "
+              + ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in sorted(profile.call.items())))
     print(table(points))
     for ranks in sorted({p.ranks for p in points}):
         mean, worst = summary([p for p in points if p.ranks == ranks])

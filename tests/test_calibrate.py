@@ -1,0 +1,160 @@
+"""`colls plan calibrate`: the shared-memory model's pieces (protocols, CPUs, time sharing) and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from colls.plan.calibrate import Profile, SharedMemory, load_profiles, measured_medians, predict
+from colls.plan.simulate import run_world
+from transports.sim import IdealNetwork, TimeSharing
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def profile(ranks: int = 2, cores: int = 2, spin: float = 0.0, wake: float = 0.0) -> Profile:
+    """A made-up machine: FIFO messages 5 us + 1 ns/B, cross-memory attach 10 us + 0.1 ns/B."""
+    fifo = [(n, 5e-6 + n * 1e-9) for n in (8, 16 * KIB, 32 * KIB)]
+    cma = [(n, 10e-6 + n * 1e-10) for n in (64 * KIB, MIB, 64 * MIB)]
+    work = ((KIB, 1e-10), (64 * MIB, 4e-10))
+    return Profile(ranks, cores, tuple(fifo + cma), 2e-6, {"broadcast": 6e-6, "all_reduce": 7e-6},
+                   work, work, spin, wake)
+
+
+def test_message_cost_follows_the_protocol_of_its_size():
+    machine = profile()
+    for nbytes, seconds in machine.message:
+        alpha, beta = machine.message_cost(nbytes)
+        assert alpha + nbytes * beta == pytest.approx(seconds, rel=1e-9)
+    assert machine.message_cost(20 * KIB) == pytest.approx((5e-6, 1e-9))       # FIFO, between points
+    assert machine.message_cost(256 * KIB) == pytest.approx((10e-6, 1e-10))    # cross-memory attach
+    assert machine.message_cost(256 * MIB) == pytest.approx((10e-6, 1e-10))    # beyond: the last slope
+    # a measured time that falls with size (noise) is no negative β: the time is kept, α dropped
+    odd = Profile(2, 2, ((64 * KIB, 50e-6), (MIB, 40e-6)), 0.0, {}, ((1, 0.0),), ((1, 0.0),))
+    alpha, beta = odd.message_cost(MIB)
+    assert beta == 0.0 and alpha == pytest.approx(50e-6)
+
+
+def test_work_costs_interpolate_on_log_size_and_stay_flat_outside():
+    machine = profile()
+    assert machine.reduce_seconds_per_byte(KIB) == pytest.approx(1e-10)
+    assert machine.reduce_seconds_per_byte(8 * KIB) == pytest.approx(1e-10 + 3e-10 * 3 / 16)
+    assert machine.copy_seconds_per_byte(1 << 30) == pytest.approx(4e-10)
+
+
+def test_fifo_messages_busy_both_cpus_cross_memory_attach_only_the_receivers():
+    network = SharedMemory(4, profile())
+    small, large = network.route_for(1, 2, 4 * KIB), network.route_for(1, 2, 4 * MIB)
+    assert [link.name for link in small.links] == ["rank1.cpu", "rank2.cpu", "cores"]
+    assert [link.name for link in large.links] == ["rank2.cpu", "cores"]
+    assert small.alpha == pytest.approx(5e-6) and large.alpha == pytest.approx(10e-6)
+    assert large.byte_weight == pytest.approx(1.0)   # 0.1 ns/B is the links' reference rate
+
+
+def test_broadcast_of_two_ranks_is_its_software_start_and_one_message():
+    # the root works in place (no copy of x), so: call + start + α + Sβ of cross-memory attach
+    expected = 6e-6 + 2e-6 + 10e-6 + MIB * 1e-10
+    assert predict("broadcast", "binomial", 2, MIB, profile()) == pytest.approx(expected, rel=1e-6)
+    # an all-reduce also copies x into out first: more than its messages and reduction alone
+    assert predict("all_reduce", "recursive_doubling", 2, MIB, profile()) > 7e-6 + 2e-6 + MIB * 1e-10
+
+
+def test_exchanges_of_four_ranks_on_two_cores_share_them():
+    # pairwise all-to-all: every rank copies a block in at once; 4 copies on 2 cores take twice as long
+    crowded = predict("all_to_all", "pairwise", 4, 64 * MIB, profile(4, 2))
+    roomy = predict("all_to_all", "pairwise", 4, 64 * MIB, profile(4, 4))
+    assert crowded > 1.5 * roomy
+
+
+def _compute(milliseconds: float, network) -> float:
+    def body(transport):
+        transport.elapse(milliseconds * 1e-3)
+        return 0
+
+    return run_world(4, network, body).seconds
+
+
+class _Shared(IdealNetwork):
+    def __init__(self, size: int, sharing: TimeSharing) -> None:
+        super().__init__(size, 0.0, 0.0)
+        self.time_sharing = sharing
+
+
+def test_time_sharing_serialises_work():
+    # 4 ranks each computing 1 ms: on 4 cores 1 ms; on 2 cores two run after the others: 2 ms
+    assert _compute(1.0, _Shared(4, TimeSharing(4, 0.0, 5e-5))) == pytest.approx(1e-3)
+    assert _compute(1.0, _Shared(4, TimeSharing(2, 0.0, 5e-5))) == pytest.approx(2e-3)
+    assert _compute(1.0, IdealNetwork(4, 0.0, 0.0)) == pytest.approx(1e-3)   # no sharing: as before
+
+
+def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
+    from types import SimpleNamespace
+
+    from transports.sim import _Cores
+
+    cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5))
+    a, b = SimpleNamespace(core=None, wake=0.0), SimpleNamespace(core=None, wake=0.0)
+    assert cores.claim(a, 0.0) and a.wake == 0.0           # an idle core: no wake-up
+    cores.release(a, 1e-4)                                  # a waits from 0.1 ms, spinning until 1.1 ms
+    assert not cores.claim(b, 5e-4) and cores.next_free() == pytest.approx(1.1e-3)
+    assert cores.claim(a, 5e-4) and a.wake == 0.0           # its wait ended while it spun: still its core
+    cores.release(a, 6e-4)
+    assert cores.claim(b, 1.6e-3) and b.wake == 5e-5        # a yielded at 1.6 ms: b takes it, and wakes
+    assert a.core is None
+    cores.release(b, 1.7e-3, finished=True)
+    assert cores.claim(a, 2e-3) and a.wake == 0.0           # b left the core idle
+
+
+def test_profiles_combine_by_median_or_fastest(tmp_path):
+    def write(name: str, ranks: int, eight_bytes: float) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"ranks": ranks, "cores": 2, "start_s": 1e-6,
+                                    "call_s": {"broadcast": 5e-6},
+                                    "message_s": {"8": eight_bytes, "65536": 1e-5},
+                                    "reduce_s_per_byte": {"1024": 1e-10},
+                                    "copy_s_per_byte": {"1024": 1e-10}}))
+        return str(path)
+
+    files = [write("a.json", 2, 5e-6), write("b.json", 2, 7e-6), write("c.json", 2, 30e-6),
+             write("d.json", 4, 1e-6)]
+    assert sorted(load_profiles(files)) == [2, 4]
+    assert load_profiles(files)[2].message[0] == (8, pytest.approx(7e-6))
+    assert load_profiles(files, "fastest")[2].message[0] == (8, pytest.approx(5e-6))
+
+
+def _bench_files(tmp_path) -> list[str]:
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 2,
+              "bytes": MIB}
+    runs = []
+    for i, seconds in enumerate((1e-4, 2e-4, 9e-4)):   # median 2e-4, fastest 1e-4
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds)]}))
+        runs.append(str(path))
+    return runs
+
+
+def test_bench_runs_combine_by_median_or_fastest(tmp_path):
+    runs = _bench_files(tmp_path)
+    key = ("broadcast", "binomial", 2, MIB)
+    assert measured_medians(runs)[key] == pytest.approx(2e-4)
+    assert measured_medians(runs, "fastest")[key] == pytest.approx(1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
+    machine = profile()
+    entry = {"ranks": 2, "cores": 2, "message_s": {str(n): t for n, t in machine.message}, "start_s": 2e-6,
+             "spin_s": 1e-5, "wake_s": 4e-5, "call_s": machine.call,
+             "reduce_s_per_byte": {str(n): t for n, t in machine.reduce},
+             "copy_s_per_byte": {str(n): t for n, t in machine.copy}}
+    path = tmp_path / "profile2.json"
+    path.write_text(json.dumps(entry))
+    result = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
+                             "--runs", "fastest", "--bench", *_bench_files(tmp_path)],
+                            capture_output=True, text=True, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert "| broadcast | 2 | 1 MiB | binomial | 100.0 us | 122.9 us | +22.9% |" in result.stdout
+    assert "2 ranks: geometric-mean error 22.9%, largest 22.9%" in result.stdout
