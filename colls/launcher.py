@@ -241,6 +241,24 @@ def find_mpiexec() -> str | None:
     return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
 
 
+# Hydra (MPICH's mpiexec) SIGKILLs every rank of a host as soon as one dies by a signal: its proxy
+# reaps the dead rank and, seeing WIFSIGNALED, signals all the others (hydra_pmi_proxy's main loop,
+# whatever the options), and with auto-cleanup on it does so as soon as a rank's PMI socket closes.
+# So under Hydra each rank runs below a one-line sh that turns its death into an exit status
+# (128 + signal) and names it, with auto-cleanup off: the survivors live on to raise PeerLost
+# (transports/mpi.py). The sh ignores the SIGUSR1 that Hydra then sends to every rank (MPICH
+# installs its own handler for it).
+RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && '
+              'echo "colls run: rank $PMI_RANK killed by signal SIG$(kill -l $status)" >&2; exit $status')
+
+
+def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str], list[str]]:
+    """(mpiexec options, program) with which one rank's death leaves the others alive to report it."""
+    if not os.path.exists(os.path.join(os.path.dirname(os.path.realpath(mpiexec)), "hydra_pmi_proxy")):
+        return [], program   # not Hydra: keep its own behaviour
+    return ["-disable-auto-cleanup"], ["sh", "-c", RANK_GUARD, *program]
+
+
 def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str, str],
                          timeout: float | None) -> int:
     """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it."""
@@ -249,8 +267,9 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
         _note("--transport mpi needs mpiexec: pip install 'colls[mpi]'")
         return 2
     # each rank prefixes its own output a whole line at a time (see colls.linebuffered)
-    command = [mpiexec, "-n", str(nprocs), sys.executable, "-m", "colls.linebuffered",
-               *argv_of_program]
+    options, program = survivable_under_hydra(
+        mpiexec, [sys.executable, "-m", "colls.linebuffered", *argv_of_program])
+    command = [mpiexec, *options, "-n", str(nprocs), *program]
     child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi"),
                              start_new_session=True)
     try:

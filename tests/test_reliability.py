@@ -337,3 +337,94 @@ def test_rank_failing_inside_a_collective_releases_its_peers_under_mpiexec(tmp_p
         assert results[rank]["type"] == "CommunicatorAborted", results[rank]
         assert results[rank]["seconds"] < 2.0, results[rank]
         assert "RuntimeError: a bug in rank 1's reduction" in results[rank]["message"]
+
+
+MPI_KILL_SCRIPT = """
+import json, os, signal, sys, threading, time
+import numpy as np
+import colls
+
+victim, delay, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+comm = colls.init(timeout=60)
+with open("/proc/self/maps") as maps:   # MPICH's segments of this job, to look for them afterwards
+    segments = sorted({line.split()[5] for line in maps if "/dev/shm/" in line and len(line.split()) > 5})
+with open(f"{out}/start{comm.rank}.json", "w") as handle:
+    json.dump({"pid": os.getpid(), "segments": segments}, handle)
+x = np.ones(4 << 20, np.float32)                     # 16 MiB: long enough to be killed inside
+comm.barrier()
+killed_at = time.monotonic() + delay
+if comm.rank == victim:
+    threading.Timer(delay, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
+try:
+    while True:
+        comm.all_reduce(x)
+except colls.PeerLost as error:
+    with open(f"{out}/rank{comm.rank}.json", "w") as handle:   # ranks' stdout lines may interleave
+        json.dump({"peer": error.peer, "after": time.monotonic() - killed_at, "message": str(error)}, handle)
+    raise
+"""
+
+
+def _kill_under_mpi(command: list[str], script: Path, out: Path, size: int):
+    """Run one job of MPI_KILL_SCRIPT; return it and each survivor's report, after checking that no
+    process of it and no /dev/shm segment it mapped is left."""
+    done = subprocess.run(command, env=dict(os.environ, COLLS_TRANSPORT="mpi"), capture_output=True,
+                          text=True, timeout=40)
+    leftovers = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", leftovers.stdout
+    assert len(list(out.glob("start*.json"))) == size, done.stdout + done.stderr[-2000:]
+    starts = [json.loads((out / f"start{rank}.json").read_text()) for rank in range(size)]
+    segments = {name for start in starts for name in start["segments"]}
+    assert not [name for name in segments if os.path.exists(name)], segments   # SIGKILL leaks nothing
+    reports = {int(path.stem[4:]): json.loads(path.read_text()) for path in out.glob("rank*.json")}
+    return done, reports
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+def test_killed_rank_is_named_by_every_survivor_under_colls_run_mpi(tmp_path):
+    """COLLS_MPI_KILL_RUNS (10) times under `colls run --transport mpi` (Hydra, with the rank guard
+    and -disable-auto-cleanup): SIGKILL a random rank mid all-reduce; every survivor raises PeerLost
+    naming it within 3 s, the job exits 128 + SIGKILL naming it, nothing is left behind."""
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = tmp_path / "kill.py"
+    script.write_text(MPI_KILL_SCRIPT)
+    rng = random.Random(20261203)
+    detections = []
+    runs = int(os.environ.get("COLLS_MPI_KILL_RUNS", "10"))
+    for run in range(runs):
+        size = rng.choice([2, 3, 4])
+        victim, delay = rng.randrange(size), rng.uniform(0.05, 0.3)
+        out = tmp_path / f"run{run}"
+        out.mkdir()
+        command = [sys.executable, "-m", "colls.cli", "run", "--transport", "mpi", "-n", str(size),
+                   str(script), str(victim), f"{delay:.3f}", str(out)]
+        done, reports = _kill_under_mpi(command, script, out, size)
+        assert done.returncode == 128 + signal.SIGKILL, done.stderr[-2000:]
+        assert f"rank {victim} killed by signal SIGKILL" in done.stderr, done.stderr[-2000:]
+        survivors = sorted(set(range(size)) - {victim})
+        assert sorted(reports) == survivors, (run, size, victim, done.stderr[-2000:])
+        for rank in survivors:
+            assert reports[rank]["peer"] == victim, reports[rank]
+            assert f"rank {victim} (pid " in reports[rank]["message"], reports[rank]
+            assert reports[rank]["after"] < 3.0, reports[rank]
+            detections.append(reports[rank]["after"])
+    print(f"\n{runs} kills under colls run --transport mpi, detection median {np.median(detections):.2f} s, "
+          f"max {max(detections):.2f} s")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_killed_rank_under_plain_mpiexec_ends_the_job_and_leaves_nothing(tmp_path):
+    """Plain `mpiexec -n 3 python script.py`: Hydra's proxy SIGKILLs the survivors as soon as it reaps
+    a rank killed by a signal (they rarely get to raise PeerLost), but the job still exits non-zero
+    and leaves no process and none of MPICH's /dev/shm segments (each rank unlinks them at init)."""
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = tmp_path / "kill.py"
+    script.write_text(MPI_KILL_SCRIPT)
+    command = [str(MPIEXEC), "-n", "3", sys.executable, str(script), "1", "0.2", str(tmp_path)]
+    done, reports = _kill_under_mpi(command, script, tmp_path, 3)
+    assert done.returncode != 0
+    assert all(report["peer"] == 1 for report in reports.values()), reports

@@ -3,11 +3,17 @@
 Collectives and the user's point-to-point messages travel on two duplicates of the communicator, so
 a user's tag can never match a collective's. A fused receive-reduce lands in a scratch buffer taken
 from a pool that grows to the largest message once and is then reused, and is reduced on completion.
+
+A rank of this host that dies is seen through /proc (a long wait polls every POLL_SECONDS) and named in
+a PeerLost on every survivor; why that needs `colls run --transport mpi` (or its mpiexec options) under
+MPICH's Hydra is in docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import socket
 import time
 from collections.abc import Sequence
@@ -29,6 +35,9 @@ from .errors import CollectiveMismatch, PeerLost, TransportError
 
 _MPI = None
 ABORT_NOTICE_BYTES = 512   # an abort notice: the reason, UTF-8, zero-padded
+LOSS_TAG = 1               # on the abort context: "rank N has died", from the first rank to see it
+POLL_SECONDS = 0.1         # how often a long wait checks for abort notices and dead local peers
+_finalize_barrier_off = False
 
 
 def import_mpi():
@@ -42,6 +51,62 @@ def import_mpi():
             raise TransportError("the mpi transport needs mpi4py: pip install 'colls[mpi]'") from error
         _MPI = MPI
     return _MPI
+
+
+def _mapped_files() -> set[str]:
+    """The paths of the files this process has mapped, from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as maps:
+            rows = [line.split(None, 5) for line in maps]
+    except OSError:
+        return set()
+    return {fields[5].strip() for fields in rows if len(fields) == 6}
+
+
+def unlink_mpich_init_segments() -> None:
+    """Remove the names of the MPICH segments this process has mapped (/dev/shm/mpich_shm_*).
+
+    Every rank on the host maps them inside MPI_Init, and MPICH unlinks them only in MPI_Finalize,
+    so a job whose ranks die by SIGKILL (Hydra kills them all when one dies) leaves a few MB behind.
+    Once MPI_Init has returned the name is never used again: unlink it now, as shm does ours."""
+    for path in _mapped_files():
+        path = path.removesuffix(" (deleted)")
+        if path.startswith("/dev/shm/mpich_shm_"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass   # another rank of the host was first
+
+
+def finalize_without_barrier(MPI) -> bool:
+    """Let MPI_Finalize return without waiting for every rank; False where the library can't.
+
+    MPICH's UCX finalize hook waits in a PMI barrier for all ranks, which a dead rank never joins, so
+    a survivor would hang at exit. MPIR_CVAR_NO_COLLECTIVE_FINALIZE turns the barrier off; it is set
+    here, at run time through MPI_T (which mpi4py does not wrap), only once a peer is known dead."""
+    global _finalize_barrier_off
+    if _finalize_barrier_off:
+        return True
+    libraries = [path for path in _mapped_files() if re.search(r"/libmpi(_abi)?\.so", path)]
+    if not libraries:
+        return False
+    try:
+        library = ctypes.CDLL(libraries[0])
+        provided, index, count, handle = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
+        if library.MPI_T_init_thread(MPI.THREAD_SINGLE, ctypes.byref(provided)) != 0:
+            return False
+        try:
+            if (library.MPI_T_cvar_get_index(b"MPIR_CVAR_NO_COLLECTIVE_FINALIZE", ctypes.byref(index)) != 0
+                    or library.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle),
+                                                       ctypes.byref(count)) != 0):
+                return False
+            _finalize_barrier_off = library.MPI_T_cvar_write(handle, ctypes.byref(ctypes.c_int(1))) == 0
+            library.MPI_T_cvar_handle_free(ctypes.byref(handle))
+        finally:
+            library.MPI_T_finalize()
+    except (OSError, AttributeError):   # not MPICH, or an MPI without MPI_T
+        return False
+    return _finalize_barrier_off
 
 
 class _MpiRequest(Request):
@@ -90,6 +155,11 @@ class MpiTransport(Transport):
         self.abort_comm = base.Dup()
         self.abort_notice = np.zeros(ABORT_NOTICE_BYTES, np.uint8)   # the aborter's reason, UTF-8
         self.abort_request = self.abort_comm.Irecv([self.abort_notice, MPI.BYTE], MPI.ANY_SOURCE, 0)
+        # and one for loss notices: a survivor that raised PeerLost and exited looks dead too, so the
+        # first to see a death names it to the others (as shm does in its headers)
+        self.loss_notice = np.zeros(2, np.int64)   # [dead rank, rank that saw it]
+        self.loss_request = self.abort_comm.Irecv([self.loss_notice, MPI.BYTE], MPI.ANY_SOURCE, LOSS_TAG)
+        self.lost: tuple[int, int] | None = None   # (dead rank, who saw it), once known
         self.rank = base.Get_rank()
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
@@ -99,6 +169,7 @@ class MpiTransport(Transport):
         host = socket.gethostname()
         table = base.allgather((host, os.getpid()))
         self.local_pids = {peer: pid for peer, (peer_host, pid) in enumerate(table) if peer_host == host}
+        unlink_mpich_init_segments()   # every rank is past MPI_Init now, so all have mapped them
         self.scratch = ScratchPool()
         self.status = MPI.Status()
         self.closed = False
@@ -165,7 +236,7 @@ class MpiTransport(Transport):
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
         backoff = Backoff()
-        next_abort_check = time.monotonic() + 0.2
+        next_abort_check = time.monotonic() + POLL_SECONDS
         while True:
             progressed = False
             for request in requests:
@@ -179,7 +250,7 @@ class MpiTransport(Transport):
             if now >= deadline:
                 raise timeout_error(requests, deadline)
             if now >= next_abort_check:
-                next_abort_check = now + 0.2
+                next_abort_check = now + POLL_SECONDS
                 self.check_aborted()
                 self._check_alive(requests)
             backoff.pause()
@@ -190,18 +261,66 @@ class MpiTransport(Transport):
         naming a local rank that has died, if one has."""
         for _ in range(10):                    # a killed rank takes a moment to look dead
             self.check_aborted()
-            for peer, pid in self.local_pids.items():
-                if not process_alive(pid):
-                    raise PeerLost(f"rank {peer} (pid {pid}) has died; rank {self.rank}'s MPI calls "
-                                   f"failed with: {str(error).splitlines()[0]}", peer) from error
+            dead = self._dead_peer(set(range(self.size)))
+            if dead is not None:
+                raise self._lost(dead, f"rank {self.rank}'s MPI calls failed with: "
+                                       f"{str(error).splitlines()[0]}") from error
             time.sleep(0.05)
 
     def _check_alive(self, requests: Sequence[Request]) -> None:
-        for request in requests:
-            pid = self.local_pids.get(request.peer)
-            if not request.done and pid is not None and not process_alive(pid):
-                raise PeerLost(f"rank {request.peer} (pid {pid}) has died; rank {self.rank} was waiting "
-                               f"for its {request!r}", request.peer)
+        """PeerLost if a local rank this wait depends on has died: the peer of a pending request,
+        and in a collective any rank of the communicator (a survivor waiting on a live neighbour is,
+        through it, waiting on the dead rank too, and would otherwise sit out the whole timeout)."""
+        pending = [request for request in requests if not request.done]
+        if any(request.tag >= COLLECTIVE_TAG_BASE for request in pending):
+            depends_on = set(range(self.size))
+        else:
+            depends_on = {request.peer for request in pending}
+        dead = self._dead_peer(depends_on)
+        if dead is not None:
+            waited = next((r for r in pending if r.peer == dead), pending[0])
+            raise self._lost(dead, f"rank {self.rank} was waiting for its {waited!r}")
+
+    def _dead_peer(self, depends_on: set[int]) -> int | None:
+        """The rank that has died, if one of `depends_on` has: the one a peer named in a loss notice
+        when there is one (the rank we see dead may be a survivor that raised PeerLost and exited),
+        else the one we see dead on this host."""
+        seen = next((peer for peer, pid in self.local_pids.items()
+                     if peer in depends_on and not process_alive(pid)), None)
+        if self._heard_of_loss() is None and seen is not None:
+            for _ in range(4):                 # a survivor's notice is sent before it exits
+                time.sleep(0.02)
+                if self._heard_of_loss() is not None:
+                    break
+        heard = self._heard_of_loss()
+        if heard is not None and (seen is not None or heard in depends_on):
+            return heard
+        return seen
+
+    def _heard_of_loss(self) -> int | None:
+        """The dead rank a peer's loss notice named, once one has arrived."""
+        if self.lost is None and self.loss_request is not None and self.loss_request.Test():
+            self.loss_request = None
+            self.lost = (int(self.loss_notice[0]), int(self.loss_notice[1]))
+        return None if self.lost is None else self.lost[0]
+
+    def _lost(self, peer: int, context: str) -> PeerLost:
+        """The PeerLost for dead `peer`. The first time: tell the other ranks, and from now on let
+        this process's MPI_Finalize skip the barrier that `peer` would never join."""
+        if self.lost is None:
+            self.lost = (peer, self.rank)
+            self._loss_sent = np.array(self.lost, np.int64)   # kept alive; never waited: best effort
+            for other in range(self.size):
+                if other not in (self.rank, peer):
+                    try:
+                        self.abort_comm.Isend([self._loss_sent, self.MPI.BYTE], other, LOSS_TAG)
+                    except self.MPI.Exception:
+                        pass                   # that one is gone too
+        finalize_without_barrier(self.MPI)
+        dead, seen_by = self.lost
+        witness = "" if seen_by == self.rank else f" (rank {seen_by} saw it)"
+        pid = f" (pid {self.local_pids[dead]})" if dead in self.local_pids else ""
+        return PeerLost(f"rank {dead}{pid} has died{witness}; {context}", dead)
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
@@ -235,8 +354,9 @@ class MpiTransport(Transport):
             return
         self.closed = True
         if not self.MPI.Is_finalized():
-            if self.abort_request is not None:
-                self.abort_request.Cancel()
-                self.abort_request.Wait()
+            for request in (self.abort_request, self.loss_request):
+                if request is not None:
+                    request.Cancel()
+                    request.Wait()
             for comm in (self.collective_comm, self.p2p_comm, self.abort_comm):
                 comm.Free()
