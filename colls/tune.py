@@ -6,11 +6,12 @@ messages, median of many round trips); γ from timing a numpy reduction of 4 MiB
 
 `colls run -n N -m colls.tune --profile FILE.json` measures instead what `colls plan calibrate
 --profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
-from 8 B to 64 MiB right after a barrier (both shm protocols: the FIFO below 64 KiB, cross-memory
-attach above) between two ranks pinned to two cores, what the barrier adds to it, the software of
-one call per collective (on a one-rank group: no message), numpy's reductions and copies per byte
-at several sizes with as many ranks at once as there are cores (the memory bus is shared), how
-long a waiting rank polls before it yields its core, and what getting a core back costs.
+from 8 B to 64 MiB between two ranks right after a barrier (both shm protocols: the FIFO below
+64 KiB, cross-memory attach above), what the barrier adds to it, the software of one call per
+collective (on a one-rank group: no message), numpy's reductions and copies per byte at several
+sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
+a new buffer, how long a waiting rank polls before it yields its core, and what getting one back
+costs.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def reduce_seconds_per_byte(nbytes: int = LARGE_BYTES, rounds: int = 20) -> floa
 PROFILE_MESSAGE_BYTES = (8, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20,
                          16 << 20, 64 << 20)
 PROFILE_WORK_BYTES = (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+PROFILE_ALLOC_BYTES = (1 << 20, 16 << 20, 32 << 20, 64 << 20)
 PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
 
 
@@ -136,18 +138,32 @@ def call_seconds(comm: Communicator, collective: str, rounds: int = 2000) -> flo
     return statistics.median(times)
 
 
-def spin_seconds(comm: Communicator, rounds: int = 200) -> float:
-    """How long a waiting rank polls before it yields its core (`Backoff.SPIN_POLLS` polls)."""
-    backoff, times = Backoff(), []
-    poll = getattr(comm.transport, "progress", lambda: False)
-    for _ in range(rounds):
-        backoff.reset()
-        start = time.perf_counter()
-        for _ in range(Backoff.SPIN_POLLS - 1):
-            poll()
-            backoff.pause()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def spin_seconds(pair: Communicator, rounds: int = 100) -> float:
+    """How long a waiting rank polls before it yields its core: `Backoff.SPIN_POLLS` turns of the
+    transport's wait loop with a receive pending (rank 1 of a two-rank `pair`, rank 0 sends late)."""
+    buf = np.zeros(SMALL_BYTES, np.uint8)
+    channel = pair.channel("colls tune spin", timeout=120)
+    poll = getattr(pair.transport, "progress", lambda: False)
+    times = [0.0] * rounds
+    for i in range(rounds):
+        pair.barrier()
+        if pair.rank == 1:
+            receive = channel.recv(buf, 0)
+            backoff = Backoff()
+            start = time.perf_counter()
+            for _ in range(Backoff.SPIN_POLLS - 1):   # what wait_all does on each turn
+                poll()
+                if receive.done:   # cannot be: rank 0 sends after the next barrier
+                    break
+                time.monotonic()   # the deadline check
+                backoff.pause()
+            times[i] = time.perf_counter() - start
+        pair.barrier()
+        if pair.rank == 0:
+            channel.wait(channel.send(buf, 1))
+        else:
+            channel.wait(receive)
+    return statistics.median(slowest(pair, times))
 
 
 def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300) -> float:
@@ -183,21 +199,37 @@ def work_seconds_per_byte(comm: Communicator, kind: str, nbytes: int, workers: i
     return statistics.median(slowest(comm, times)) / a.nbytes
 
 
+def fresh_seconds_per_byte(nbytes: int) -> float:
+    """What a copy into a newly allocated `nbytes` buffer costs per byte beyond one into a buffer
+    used before (the page faults of a fresh mapping: numpy's allocator maps big buffers anew)."""
+    source = np.ones(nbytes, np.uint8)
+    warm = np.zeros(nbytes, np.uint8)
+    warm_times, fresh_times = [], []
+    for _ in range(max(5, min(50, (256 << 20) // nbytes))):
+        start = time.perf_counter()
+        np.copyto(warm, source)
+        warm_times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fresh = np.empty_like(source)
+        np.copyto(fresh, source)
+        fresh_times.append(time.perf_counter() - start)
+        del fresh
+    return max(0.0, statistics.median(fresh_times) - statistics.median(warm_times)) / nbytes
+
+
 def profile(comm: Communicator) -> dict:
     """Everything `colls plan calibrate --profile` models shared memory with, at this group size.
 
-    Messages are timed between ranks 0 and 1 pinned to two cores (the other ranks idle), right
-    after a barrier; `start_s` is what the barrier adds to the first message; reductions and copies
-    run on as many ranks at once as there are cores, each pinned to its own. What more ranks than
-    cores add is the model's (`spin_s`, `wake_s`), not the measurement's."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = len(allowed)
+    Messages are timed between ranks 0 and 1 (the other ranks idle), right after a barrier, and
+    like the benchmark's ranks not pinned to cores; `start_s` is what the barrier adds to the first
+    message; reductions and copies run on as many ranks at once as there are cores. What more ranks
+    than cores add is the model's (`spin_s`, `wake_s`), not the measurement's."""
+    cores = len(os.sched_getaffinity(0))
     workers = min(comm.size, cores)
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
-        before = pinned({allowed[pair.rank % cores]})
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
         rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
@@ -205,19 +237,17 @@ def profile(comm: Communicator) -> dict:
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
         spin = spin_seconds(pair)
-        os.sched_setaffinity(0, before)
         extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin)}
         pair.close()
     shared = comm.broadcast(np.array([extra.get(k, 0.0) for k in ("start_s", "spin_s", "wake_s")]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
-    before = pinned({allowed[comm.rank % cores]}) if comm.rank < workers else None
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
-    if before is not None:
-        os.sched_setaffinity(0, before)
+    work["alloc"] = {str(n): fresh_seconds_per_byte(n) for n in PROFILE_ALLOC_BYTES}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "start_s": float(shared[0]), "spin_s": float(shared[1]), "wake_s": float(shared[2]),
-            "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"]}
+            "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
+            "alloc_s_per_byte": work["alloc"]}
 
 
 def measure(comm: Communicator) -> Machine:

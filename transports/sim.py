@@ -67,7 +67,9 @@ class SymbolicArray(np.ndarray):
             prototype = args[0]
             position = 2 if func is np.full_like else 1
             dtype = kwargs.get("dtype") or (args[position] if len(args) > position else None)
-            return symbolic(prototype.size, dtype or prototype.dtype).reshape(prototype.shape)
+            made = symbolic(prototype.size, dtype or prototype.dtype).reshape(prototype.shape)
+            _charge(made.nbytes, "alloc")   # a fresh buffer's first touch (page faults), if modelled
+            return made
         if func in (np.may_share_memory, np.shares_memory):
             return False
         return super().__array_function__(func, types, args, kwargs)
@@ -102,7 +104,10 @@ def _charge(nbytes: int, kind: str) -> None:
     rank = _RUNNING[0]
     if rank is not None:
         world = rank.world
-        rate = world.gamma if kind == "gamma" else world.copy_seconds_per_byte
+        if kind == "alloc":
+            rate = world.alloc_seconds_per_byte(nbytes) if world.alloc_seconds_per_byte else 0.0
+        else:
+            rate = world.gamma if kind == "gamma" else world.copy_seconds_per_byte
         rank.clock = max(rank.clock, world.now) + nbytes * rate * rank.slowdown
 
 
@@ -126,12 +131,13 @@ class Link:
 class Route:
     """How a message from one rank reaches another: its α, the links it crosses, the sending port;
     `byte_weight` scales the bytes that flow (a protocol that costs more per byte than the links'
-    capacities say)."""
+    capacities say); `eager`: the sender is done once it posted (as with a copy into a FIFO)."""
 
     alpha: float
     links: tuple[Link, ...]
     port: str = "net"
     byte_weight: float = 1.0
+    eager: bool = False    # the send completes when posted (copied into a buffer), not on arrival
 
 
 class IdealNetwork:
@@ -209,6 +215,7 @@ class _Rank:
         self.slowdown = 1.0
         self.core: int | None = None  # with time sharing: the core it runs (or spins) on
         self.wake = 0.0               # and what getting it back costs when it resumes
+        self.started_at = 0.0         # with time sharing: when it first got a core
         self.outstanding = 0          # watched requests not yet done while blocked
         self.fiber = None             # its thread's lock, or its greenlet
         self.started = False
@@ -318,15 +325,11 @@ class _Cores:
         """When a core is free next (while every rank that holds one waits or spins)."""
         return min(self.free)
 
-    def release(self, rank: _Rank, now: float, finished: bool = False) -> None:
-        """`rank` waits from `now` (it keeps its core `spin` longer), or has finished."""
-        core = rank.core
-        if core is None:
-            return
-        self.free[core] = now if finished else now + self.sharing.spin
-        if finished:
-            self.owner[core] = None
-            rank.core = None
+    def release(self, rank: _Rank, now: float) -> None:
+        """`rank` waits (or has returned: `colls bench` then waits at its barrier) from `now`; it
+        keeps its core `spin` longer."""
+        if rank.core is not None:
+            self.free[rank.core] = now + self.sharing.spin
 
 
 class SimulationFailed(RuntimeError):
@@ -356,7 +359,10 @@ class SimWorld:
         self._dirty: set[Link] = set()
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
-        sharing = getattr(network, "time_sharing", None)   # a machine with fewer cores than ranks
+        # what the network says of its machine beyond links: a cost per byte of a new buffer (by
+        # size; page faults of a fresh mapping), fewer cores than ranks
+        self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
+        sharing = getattr(network, "time_sharing", None)
         self._cores = _Cores(sharing) if sharing is not None and sharing.cores < size else None
         self.failure: BaseException | None = None
         self.messages = 0
@@ -392,13 +398,16 @@ class SimWorld:
 
     @property
     def finish_times(self) -> list[float]:
-        """Each rank's virtual clock when its body returned."""
-        return [rank.clock for rank in self.ranks]
+        """Each rank's virtual clock when its body returned; with time sharing, less the time it
+        first ran (a rank that waited for a core only starts its own timer then, as in a benchmark)."""
+        return [rank.clock - rank.started_at for rank in self.ranks]
 
     def _rank_main(self, rank: _Rank, body: Callable, transport: SimTransport) -> None:
         _RUNNING[0] = rank
         rank.started = True
         self._woken(rank)
+        if self._cores is not None:
+            rank.started_at = rank.clock
         try:
             if self.failure is None:
                 rank.result = body(transport)
@@ -410,7 +419,7 @@ class SimWorld:
         rank.finished = True
         rank.clock = max(rank.clock, self.now)
         if self._cores is not None:
-            self._cores.release(rank, rank.clock, finished=True)
+            self._cores.release(rank, rank.clock)
 
     def _woken(self, rank: _Rank) -> None:
         """A rank that took a core another rank had yielded pays the wake-up (time sharing)."""
@@ -486,6 +495,8 @@ class SimWorld:
     def post_send(self, message: _Message) -> None:
         """Queue `message` on its sender's port; the port sends one message at a time."""
         sender = message.sender
+        if message.route.eager:
+            message.send.done = True
         port = sender.ports.get(message.route.port)
         if port is None:
             port = sender.ports[message.route.port] = _Port()

@@ -5,17 +5,20 @@ predicted side runs the very algorithm each row used on the `sim` transport over
 machine's shared memory whose constants come from a profile that `colls run -n N -m colls.tune
 --profile FILE` measured at the same number of ranks (never fitted to the bench):
 
-- a message costs what a ping-pong of its size took with every pair of ranks at once: α(n) and a
-  per-byte cost β(n) read off the measured one-way times, per protocol, since the shm transport
+- a message costs what one of its size took right after a barrier between two ranks pinned to two
+  cores: α(n) and a per-byte cost β(n) read off those times, per protocol, since the shm transport
   moves a message below 64 KiB through its FIFO (the sender copies in, the receiver copies out) and
   a larger one by cross-memory attach (the receiver copies straight out of the sender);
 - those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
   receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
-  get half (a rank that waits yields its core);
+  get half;
 - reductions and copies cost what numpy took per byte at the call's size (in or out of cache) with
-  every rank working at once (ranks sharing a core and the memory bus are in the number);
-- every call pays its software (describe, select, deliver; measured on a one-rank group) and the
-  start of its first message after the bench's barrier (skew and wake-up).
+  as many ranks working at once as there are cores (the memory bus is shared); a scratch buffer an
+  algorithm allocates costs its first touch (page faults when numpy maps a big buffer anew);
+- ranks beyond the cores time-share them: a rank that waits polls `spin`, then yields its core,
+  and one that takes a yielded core back pays `wake` (both measured);
+- every call pays its software (describe, select, deliver; measured on a one-rank group) and what
+  the barrier before it adds to its first message (the ranks leave it at different moments).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Profile:
     spin: float = 0.0
     wake: float = 0.0
     rendezvous: int = 64 << 10
+    alloc: tuple[tuple[int, float], ...] = ((1, 0.0),)
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -88,7 +92,9 @@ class Profile:
                     for name in calls},
                    median_table("reduce_s_per_byte"), median_table("copy_s_per_byte"),
                    combine([entry.get("spin_s", 0.0) for entry in entries]),
-                   combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes())
+                   combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes(),
+                   median_table("alloc_s_per_byte") if all("alloc_s_per_byte" in e for e in entries)
+                   else ((1, 0.0),))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -115,6 +121,10 @@ class Profile:
         """Seconds per byte of a local copy in a call of `nbytes`."""
         return _interpolate(list(self.copy), nbytes)
 
+    def alloc_seconds_per_byte(self, nbytes: int) -> float:
+        """Seconds per byte of first touching a new buffer of `nbytes` (the algorithms' scratch)."""
+        return _interpolate(list(self.alloc), nbytes)
+
 
 class SharedMemory:
     """One machine's ranks: a CPU link per rank, and the cores that every copying flow shares."""
@@ -126,16 +136,19 @@ class SharedMemory:
         self.profile = profile
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake)
+        self.alloc_seconds_per_byte = profile.alloc_seconds_per_byte   # scratch buffers' page faults
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
         return self.route_for(src, dst, 0)
 
     def route_for(self, src: int, dst: int, nbytes: int) -> Route:
-        """The FIFO keeps sender and receiver copying; cross-memory attach only the receiver."""
+        """The FIFO keeps sender and receiver copying, and its send is done once copied in (eager);
+        cross-memory attach keeps only the receiver copying, and its send waits for the receiver."""
         alpha, beta = self.profile.message_cost(nbytes)
-        cpus = (self.cpu[src], self.cpu[dst]) if nbytes < self.profile.rendezvous else (self.cpu[dst],)
-        return Route(alpha, (*cpus, self.cores), "intra", beta / REFERENCE_SECONDS_PER_BYTE)
+        fifo = nbytes < self.profile.rendezvous
+        cpus = (self.cpu[src], self.cpu[dst]) if fifo else (self.cpu[dst],)
+        return Route(alpha, (*cpus, self.cores), "intra", beta / REFERENCE_SECONDS_PER_BYTE, eager=fifo)
 
 
 @dataclass(frozen=True)
