@@ -6,7 +6,7 @@ messages, median of many round trips); γ from timing a numpy reduction of 4 MiB
 
 `colls run -n N -m colls.tune --profile FILE.json` measures instead what `colls plan calibrate
 --profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
-from 8 B to 64 MiB between two ranks right after a barrier (both shm protocols: the FIFO below
+from 8 B to 64 MiB between two pinned ranks right after a barrier (both shm protocols: the FIFO below
 64 KiB, cross-memory attach above), what the barrier adds to it, the software of one call per
 collective (on a one-rank group: no message), numpy's reductions and copies per byte at several
 sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
@@ -220,16 +220,19 @@ def fresh_seconds_per_byte(nbytes: int) -> float:
 def profile(comm: Communicator) -> dict:
     """Everything `colls plan calibrate --profile` models shared memory with, at this group size.
 
-    Messages are timed between ranks 0 and 1 (the other ranks idle), right after a barrier, and
-    like the benchmark's ranks not pinned to cores; `start_s` is what the barrier adds to the first
-    message; reductions and copies run on as many ranks at once as there are cores. What more ranks
-    than cores add is the model's (`spin_s`, `wake_s`), not the measurement's."""
-    cores = len(os.sched_getaffinity(0))
+    Messages are timed between ranks 0 and 1 pinned to two cores (the other ranks idle; unpinned,
+    the scheduler now and then puts both on one core and every message becomes a hand-over), right
+    after a barrier; `start_s` is what the barrier adds to the first message; reductions and copies
+    run on as many ranks at once as there are cores. What more ranks than cores add is the model's
+    (`spin_s`, `wake_s`), not the measurement's."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = len(allowed)
     workers = min(comm.size, cores)
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
+        before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
         rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
@@ -237,6 +240,7 @@ def profile(comm: Communicator) -> dict:
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
         spin = spin_seconds(pair)
+        os.sched_setaffinity(0, before)
         extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin)}
         pair.close()
     shared = comm.broadcast(np.array([extra.get(k, 0.0) for k in ("start_s", "spin_s", "wake_s")]), root=0)

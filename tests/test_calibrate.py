@@ -45,13 +45,43 @@ def test_work_costs_interpolate_on_log_size_and_stay_flat_outside():
     assert machine.copy_seconds_per_byte(1 << 30) == pytest.approx(4e-10)
 
 
-def test_fifo_messages_busy_both_cpus_cross_memory_attach_only_the_receivers():
-    network = SharedMemory(4, profile())
+def test_fifo_messages_busy_both_cpus_cross_memory_attach_is_the_receivers_work():
+    network = SharedMemory(4, profile(), footprint=64 * MIB)
     small, large = network.route_for(1, 2, 4 * KIB), network.route_for(1, 2, 4 * MIB)
     assert [link.name for link in small.links] == ["rank1.cpu", "rank2.cpu", "cores"]
-    assert [link.name for link in large.links] == ["rank2.cpu", "cores"]
-    assert small.alpha == pytest.approx(5e-6) and large.alpha == pytest.approx(10e-6)
-    assert large.byte_weight == pytest.approx(1.0)   # 0.1 ns/B is the links' reference rate
+    assert small.alpha == pytest.approx(5e-6) and small.eager and not small.pull
+    # the receiver copies on its own clock once it posted its receive; no link carries the bytes
+    assert large.links == () and large.rendezvous and large.pull == pytest.approx(1e-10)
+    assert large.alpha == pytest.approx(10e-6)
+    # a piece of a call whose buffers are out of cache copies at the call size's rate
+    slow = Profile(2, 2, ((8, 5e-6), (16 * KIB, 6e-6), (64 * KIB, 10e-6), (MIB, 110e-6), (64 * MIB, 40e-3)),
+                   0.0, {}, ((1, 0.0),), ((1, 0.0),))
+    assert SharedMemory(2, slow, footprint=64 * MIB).route_for(0, 1, MIB).pull > \
+        SharedMemory(2, slow, footprint=MIB).route_for(0, 1, MIB).pull
+
+
+def test_a_pulled_message_waits_for_its_receiver_to_run():
+    # 4 ranks on 2 cores, rank 0 sends 1 MiB to rank 3, which only gets a core after ranks 1 and 2
+    # have computed 1 ms: the send (cross-memory attach) ends after that, not α + Sβ after posting
+    import numpy as np
+
+    from transports.sim import SimWorld
+
+    def body(transport):
+        buf = np.zeros(16, np.uint8)
+        if transport.rank == 0:
+            transport.wait_all([transport.isend(np.zeros(MIB, np.uint8), 3, 0)], float("inf"))
+            return transport.clock
+        if transport.rank == 3:
+            transport.wait_all([transport.irecv(np.zeros(MIB, np.uint8), 0, 0)], float("inf"))
+        else:
+            transport.elapse(1e-3)
+        return buf.size
+
+    machine = profile(4, 2)
+    assert SimWorld(4, SharedMemory(4, machine, footprint=MIB)).run(body)[0] > 1e-3
+    assert SimWorld(4, SharedMemory(4, machine, cores=4, footprint=MIB)).run(body)[0] == \
+        pytest.approx(10e-6 + MIB * 1e-10)
 
 
 def test_broadcast_of_two_ranks_is_its_software_start_and_one_message():

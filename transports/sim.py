@@ -131,13 +131,17 @@ class Link:
 class Route:
     """How a message from one rank reaches another: its α, the links it crosses, the sending port;
     `byte_weight` scales the bytes that flow (a protocol that costs more per byte than the links'
-    capacities say); `eager`: the sender is done once it posted (as with a copy into a FIFO)."""
+    capacities say); `eager`: the sender is done once it posted (as with a copy into a FIFO);
+    `rendezvous`: nothing flows before the receiver has posted its receive (it pulls the bytes)."""
 
     alpha: float
     links: tuple[Link, ...]
     port: str = "net"
     byte_weight: float = 1.0
     eager: bool = False    # the send completes when posted (copied into a buffer), not on arrival
+    rendezvous: bool = False   # the bytes move only once the receive is posted (the receiver copies)
+    pull: float = 0.0      # seconds per byte the receiver copies itself once its wait ends (on its
+                           # own clock, so on its core); its send completes when that copy is done
 
 
 class IdealNetwork:
@@ -157,7 +161,7 @@ class IdealNetwork:
 # -- requests and messages ----------------------------------------------------------------------
 
 class _SimRequest(Request):
-    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key")
+    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key", "pulled")
 
     def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray, owner: _Rank,
                  reducer: Reducer | None = None) -> None:
@@ -171,13 +175,14 @@ class _SimRequest(Request):
         self.buf = buf
         self.reducer = reducer
         self.posted = owner.clock
+        self.pulled: tuple[float, _SimRequest] | None = None   # (copy seconds, the send it ends)
 
 
 class _Message:
     """A send in flight: its route, its progress through the links, and the receive it matched."""
 
     __slots__ = ("send", "recv", "route", "data", "arrived", "remaining", "rate", "since", "version",
-                 "posted", "sender")
+                 "posted", "sender", "parked")
 
     def __init__(self, send: _SimRequest, route: Route, data: np.ndarray | None, sender: _Rank) -> None:
         self.send = send
@@ -191,6 +196,7 @@ class _Message:
         self.version = 0
         self.posted = send.posted
         self.sender = sender
+        self.parked = False    # a rendezvous message whose port is ready, waiting for its receive
 
 
 class _Port:
@@ -508,6 +514,9 @@ class SimWorld:
                        _PORT_START, message)
 
     def _start_flow(self, message: _Message) -> None:
+        if message.route.rendezvous and message.recv is None:
+            message.parked = True   # SimTransport._match starts it when the receive comes
+            return
         self.messages += 1
         message.since = self.now
         if message.remaining <= 0 or not message.route.links:
@@ -554,7 +563,8 @@ class SimWorld:
                 if flows:
                     self._dirty.add(link)
         message.version += 1
-        self._done_request(message.send)
+        if not message.route.pull:   # a pulled message's send ends when its receiver has copied it
+            self._done_request(message.send)
         port = message.sender.ports[message.route.port]
         if port.queue:
             following = port.queue.popleft()
@@ -570,8 +580,11 @@ class SimWorld:
         """The message has arrived and its receive is posted: complete the receive (γ later if reducing)."""
         recv = message.recv
         done = max(message.arrived, recv.posted)
-        if recv.reducer is not None:
-            done += recv.nbytes * self.gamma * recv.owner.slowdown
+        reducing = recv.nbytes * self.gamma * recv.owner.slowdown if recv.reducer is not None else 0.0
+        if message.route.pull:   # the receiver copies (and reduces) when it runs again
+            recv.pulled = (recv.nbytes * message.route.pull * recv.owner.slowdown + reducing, message.send)
+        else:
+            done += reducing
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
             incoming = message.data.reshape(-1).view(np.uint8).view(recv.buf.dtype)
             if recv.reducer is None:
@@ -585,11 +598,15 @@ class SimWorld:
 
     def _done_request(self, request: _SimRequest) -> None:
         request.done = True
-        if request.watched:
-            owner = request.owner
-            owner.outstanding -= 1
-            if owner.outstanding == 0:
-                self._runnable.append(owner)
+        if not request.watched:
+            return
+        owner = request.owner
+        owner.outstanding -= 1
+        if owner.outstanding == 0 or (request.pulled is not None and owner.outstanding > 0):
+            # all it waits for is here, or bytes it must copy itself (it does so, then waits on)
+            owner.outstanding = 0
+            self._runnable.append(owner)
+
 
     def group(self, key: tuple, world_ranks: list[int]) -> _Group:
         """The sub-group registered under `key`, made on first use."""
@@ -678,17 +695,29 @@ class SimTransport(Transport):
                 f"sim: world rank {recv.owner.rank} posted a receive of {recv.nbytes} B from rank "
                 f"{recv.peer} (tag {recv.tag}) but rank {message.sender.rank} sent {message.send.nbytes} B")
         message.recv = recv
+        if message.parked:   # its sender's port was waiting for this receive
+            message.parked = False
+            self.world._push(max(recv.posted, self.world.now), _PORT_START, message)
         if message.arrived is not None:
             self.world.deliver(message)
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
         me = self.me
-        outstanding = 0
-        for request in requests:
-            if not request.done:
-                request.watched = True
-                outstanding += 1
-        if outstanding:
+        while True:
+            for request in requests:   # bytes this rank copies itself, one message after another
+                pulled = getattr(request, "pulled", None)
+                if pulled is not None:
+                    request.pulled = None
+                    seconds, send = pulled
+                    me.clock = max(me.clock, self.world.now) + seconds
+                    self.world._push(me.clock, _COMPLETE, send)
+            outstanding = 0
+            for request in requests:
+                if not request.done:
+                    request.watched = True
+                    outstanding += 1
+            if not outstanding:
+                return
             me.outstanding = outstanding
             self.world.block(me)
             for request in requests:

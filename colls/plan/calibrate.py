@@ -129,11 +129,12 @@ class Profile:
 class SharedMemory:
     """One machine's ranks: a CPU link per rank, and the cores that every copying flow shares."""
 
-    def __init__(self, size: int, profile: Profile, cores: int | None = None) -> None:
+    def __init__(self, size: int, profile: Profile, cores: int | None = None, footprint: int = 0) -> None:
         capacity = 1 / REFERENCE_SECONDS_PER_BYTE
         self.cpu = [Link(f"rank{r}.cpu", capacity) for r in range(size)]
         self.cores = Link("cores", (cores or profile.cores) * capacity)
         self.profile = profile
+        self.footprint = footprint   # the call's bytes: whether its pieces stream from cache or memory
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake)
         self.alloc_seconds_per_byte = profile.alloc_seconds_per_byte   # scratch buffers' page faults
@@ -144,11 +145,15 @@ class SharedMemory:
 
     def route_for(self, src: int, dst: int, nbytes: int) -> Route:
         """The FIFO keeps sender and receiver copying, and its send is done once copied in (eager);
-        cross-memory attach keeps only the receiver copying, and its send waits for the receiver."""
+        by cross-memory attach the receiver copies, once it has posted its receive and runs (on its
+        own core, so ranks sharing a core take turns), and the send is done when it has."""
         alpha, beta = self.profile.message_cost(nbytes)
-        fifo = nbytes < self.profile.rendezvous
-        cpus = (self.cpu[src], self.cpu[dst]) if fifo else (self.cpu[dst],)
-        return Route(alpha, (*cpus, self.cores), "intra", beta / REFERENCE_SECONDS_PER_BYTE, eager=fifo)
+        if nbytes < self.profile.rendezvous:
+            return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), "intra",
+                         beta / REFERENCE_SECONDS_PER_BYTE, eager=True)
+        if self.footprint > nbytes:   # a piece of a bigger call copies at the call's size's rate
+            beta = self.profile.message_cost(self.footprint)[1] or beta
+        return Route(alpha, (), "intra", rendezvous=True, pull=beta)
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class Point:
 def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
             cores: int | None = None) -> float:
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included)."""
-    network = SharedMemory(ranks, profile, cores)
+    network = SharedMemory(ranks, profile, cores, nbytes)
     copy = profile.copy_seconds_per_byte(nbytes)
     overhead = profile.call.get(collective, 0.0) + profile.start
 
