@@ -78,7 +78,7 @@ def slowest(comm: Communicator, times: list[float]) -> list[float]:
 def pair_one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
     """Median one-way time of an `nbytes` ping-pong between ranks 2k and 2k+1, every pair at once;
     the slowest pair's per round."""
-    buf = np.zeros(nbytes, np.uint8)
+    buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
     channel = comm.channel("colls tune pairs", timeout=120)
     partner = comm.rank ^ 1
     times = []
@@ -99,7 +99,7 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float
     """Median time, the slower rank's, of one `nbytes` message from rank 0 to rank 1 of a two-rank
     `pair` started right after a barrier (as `colls bench` times a call): the receiver is still
     polling when it comes, so no wake-up is in it."""
-    buf = np.zeros(nbytes, np.uint8)
+    buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
     channel = pair.channel("colls tune after barrier", timeout=120)
     times = []
     for _ in range(rounds):

@@ -92,8 +92,11 @@ def calibrate_table(args: argparse.Namespace) -> int:
     profiles = load_profiles(args.profile, args.runs)
     points = compare(args.bench, profiles, args.cores, args.runs)
     for ranks, profile in sorted(profiles.items()):
+        alpha, beta = profile.message_cost(1 << 20)
         print(f"# {ranks} ranks on {args.cores or profile.cores} cores: 8 B message "
-              f"{profile.message[0][1] * 1e6:.2f} us, start {profile.start * 1e6:.2f} us, calls "
+              f"{profile.message[0][1] * 1e6:.2f} us, 1 MiB {(alpha + beta * (1 << 20)) * 1e6:.1f} us, "
+              f"start {profile.start * 1e6:.2f} us, "
+              f"spin {profile.spin * 1e6:.1f} us, wake {profile.wake * 1e6:.1f} us; calls "
               + ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in sorted(profile.call.items())))
     print(table(points))
     for ranks in sorted({p.ranks for p in points}):
