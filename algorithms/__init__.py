@@ -1,11 +1,12 @@
 """What moves when: every collective's schedules, written once over `transports.base.Channel`."""
 
-from . import allgather, allreduce, alltoall, barrier, broadcast, gather, reduce, reduce_scatter
+from . import allgather, allreduce, alltoall, barrier, broadcast, gather, hierarchical, reduce, reduce_scatter
 from .ops import AVG, BAND, BOR, BUILTIN, BXOR, MAX, MIN, PROD, SUM, Op
 from .registry import CATALOGUE, Algorithm, lookup, names, register
 
 __all__ = [
-    "allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather", "reduce", "reduce_scatter",
+    "allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather", "hierarchical", "reduce",
+    "reduce_scatter",
     "AVG", "BAND", "BOR", "BUILTIN", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CATALOGUE", "Algorithm", "lookup", "names", "register",
 ]

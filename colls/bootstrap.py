@@ -23,7 +23,8 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     """The world communicator: from `colls run`/`colls.spawn`, from mpiexec, or a group of one.
 
     The transport is `transport`, else COLLS_TRANSPORT, else `shm` under `colls run` and `mpi` under
-    mpiexec. Calling it again returns the same communicator.
+    mpiexec. Ranks are grouped by host (COLLS_HOST, else the host name). Calling it again returns
+    the same communicator.
     """
     global _world
     kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
@@ -41,6 +42,8 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
         _world = _from_mpiexec(kind or "mpi", timeout)
     else:
         _world = _singleton(kind or "local", timeout)
+    if _world.size > 1:
+        _world.discover_hosts()   # ranks spread over hosts run all_reduce & co. hierarchically
     atexit.register(_world.close)
     return _world
 

@@ -13,12 +13,16 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
         "run", help="start N ranks of a Python program on this machine",
         description="Start N ranks of a Python script (or -m module), each told its rank through "
                     "COLLS_* variables; prefix their output with [rank]; if one fails, stop all.",
-        usage="colls run -n N [--transport {shm,mpi}] [--timeout SECONDS] (script.py | -m module) [args ...]")
+        usage="colls run -n N [--transport {shm,mpi}] [--hosts H] [--timeout SECONDS] "
+              "(script.py | -m module) [args ...]")
     parser.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="number of ranks")
     parser.add_argument("--transport", choices=("shm", "mpi"), default=None,
                         help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="kill the whole job after this many seconds and exit 124")
+    parser.add_argument("--hosts", type=int, default=None, metavar="H",
+                        help="split the ranks into H virtual hosts (COLLS_HOST), consecutive ranks "
+                             "together, so that collectives run across hosts (hierarchically)")
     parser.add_argument("--as-mpi4py", action="store_true",
                         help="run an unmodified mpi4py script on colls: `from mpi4py import MPI` gives "
                              "colls' facade (colls.compat)")
@@ -45,9 +49,12 @@ def run_command(args: argparse.Namespace) -> int:
         args.parser.error(f"-n must be at least 1, not {args.nprocs}")
     if args.timeout is not None and args.timeout <= 0:
         args.parser.error(f"--timeout must be positive, not {args.timeout:g}")
+    if args.hosts is not None and not 1 <= args.hosts <= args.nprocs:
+        args.parser.error(f"--hosts must be between 1 and -n ({args.nprocs}), not {args.hosts}")
     if getattr(args, "as_mpi4py", False):
         argv_of_program = ["-m", "colls.compat.run", *argv_of_program]
-    return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout)
+    return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout,
+                  hosts=args.hosts)
 
 
 def add_tune(subparsers: argparse._SubParsersAction) -> None:

@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
-from transports.errors import CollsError
+from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import fingerprint
 from .collectives import Collectives, Result
 from .describe import Description, Validator
 from .executor import Executor, RequestWork
+from .hierarchy import Layout, Levels, build_levels, discover
 from .selection import Selector
 from .trace import Tracer
 
@@ -43,15 +44,21 @@ class _Label:
 class Communicator(Collectives):
     """A group of `size` ranks; this object is rank `rank`'s end of it."""
 
-    def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world") -> None:
+    def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world",
+                 layout: Layout | None = None) -> None:
         self.transport = transport
         self.rank = transport.rank
         self.size = transport.size
         self.name = name
         self.timeout = default_timeout() if timeout is None else float(timeout)
-        self._check = Validator(self.rank, self.size, Selector(transport.name, self.size))
+        self.layout = Layout.one_host(self.size) if layout is None else layout
+        self._shm_inside = transport.name in ("shm", "local")   # hosts' ranks share a machine
+        self._levels: Levels | None = None
+        self._check = Validator(self.rank, self.size,
+                                Selector(transport.name, self.size, self.layout.spans_hosts))
         self._executor = Executor(name)
         self._seq = 0
+        self._hidden = 0   # calls colls made for itself (finding hosts, building levels): not numbered
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
         self._tracer = Tracer(name, self.rank)
@@ -67,11 +74,13 @@ class Communicator(Collectives):
         """Give the call its sequence number and tag now (issue order), then run it in order."""
         if self.closed:
             raise self._check.fail(collective, "the communicator is closed")
+        if algorithm == "hierarchical" and self._levels is None:
+            self._build_levels()   # collective: every rank makes its first hierarchical call here
         seq = self._seq
         self._seq += 1   # the collective's tag: the same on every rank, as every rank makes the call
         description = Description(collective, x.dtype if x is not None else None,
                                   x.size if x is not None else 0, root,
-                                  getattr(op, "name", None), algorithm, seq)
+                                  getattr(op, "name", None), algorithm, seq - self._hidden)
         limit = self.timeout if timeout is None else float(timeout)
         traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
         call_tag = COLLECTIVE_TAG_BASE + seq
@@ -104,9 +113,15 @@ class Communicator(Collectives):
         leaves its peers waiting for messages that will never come: abort the communicator so that
         they raise `CommunicatorAborted` naming this rank and the error now, not at their deadline.
         Errors the peers see for themselves (timeouts, lost peers, aborts, mismatches) abort nothing."""
+        first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        reason = f"rank {self.rank} failed in {self.name} {description.label()} ({first})"
+        if (description.algorithm == "hierarchical" and self._levels is not None
+                and not isinstance(error, (CollectiveMismatch, InvalidArgument))):
+            # a rank released on one level passes it on, so that ranks waiting on the other level
+            # (for peers stuck on this one) are released too, whatever the error
+            self._levels.abort(reason)
         if not isinstance(error, CollsError):
-            first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-            self.transport.abort(f"rank {self.rank} failed in {self.name} {description.label()} ({first})")
+            self.transport.abort(reason)
 
     def channel(self, what: str = "custom schedule", timeout: float | None = None) -> Channel:
         """A raw `Channel` with a fresh collective tag, for writing a schedule of your own.
@@ -117,7 +132,32 @@ class Communicator(Collectives):
         self._seq += 1
         limit = self.timeout if timeout is None else float(timeout)
         return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
-                       f"{self.name} {what} #{seq}", self._traffic.setdefault(what, Traffic(self.size)))
+                       f"{self.name} {what} #{seq - self._hidden}",
+                       self._traffic.setdefault(what, Traffic(self.size)))
+
+    # -- hosts -----------------------------------------------------------------------------------
+
+    def discover_hosts(self) -> Layout:
+        """Collective: learn which host each rank runs on (COLLS_HOST, else the host name), so that
+        collectives over ranks that span hosts run hierarchically. `colls.init()` calls it."""
+        self.layout, self._shm_inside = self._internally(discover, self)
+        self._check.selector = Selector(self.transport.name, self.size, self.layout.spans_hosts)
+        return self.layout
+
+    def _build_levels(self) -> None:
+        levels = self._internally(build_levels, self, self._shm_inside)
+        self._levels = self.transport.levels = levels
+
+    def _internally(self, setup: Callable[..., Any], *args: Any) -> Any:
+        """Run `setup`'s collectives as colls' own: they neither count in `stats()` nor take the
+        numbers of the user's calls in messages (the user's first call stays #0)."""
+        before, counters = self._seq, self._traffic
+        self._traffic = {}
+        try:
+            return setup(*args)
+        finally:
+            self._traffic = counters
+            self._hidden += self._seq - before
 
     # -- point to point --------------------------------------------------------------------------
 
@@ -196,7 +236,10 @@ class Communicator(Collectives):
         transport = self.transport.subgroup(members, self._exchange)
         if transport is None:
             return None
-        return Communicator(transport, self.timeout, f"{self.name}.{self._splits}:{colour}")
+        child = Communicator(transport, self.timeout, f"{self.name}.{self._splits}:{colour}",
+                             self.layout.subset(members))
+        child._shm_inside = self._shm_inside
+        return child
 
     def _exchange(self, data: bytes) -> list[bytes]:
         """All-gather small byte strings over this communicator (used to set up sub-groups)."""
@@ -226,13 +269,18 @@ class Communicator(Collectives):
         Callable from any thread (a watchdog, a signal handler's thread); the peers notice within
         a fraction of a second. The communicator cannot be used afterwards.
         """
-        self.transport.abort(f"aborted by rank {self.rank}" + (f": {reason}" if reason else ""))
+        message = f"aborted by rank {self.rank}" + (f": {reason}" if reason else "")
+        if self._levels is not None:
+            self._levels.abort(message)
+        self.transport.abort(message)
 
     def close(self) -> None:
         """Finish pending work and release the transport (segments, MPI communicators)."""
         if not self.closed:
             self._executor.drain(self.timeout)
             self.closed = True
+            if self._levels is not None:
+                self._levels.close()
             self.transport.close()
 
     def __enter__(self) -> Communicator:

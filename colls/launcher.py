@@ -182,13 +182,21 @@ def _monitor(children: list[subprocess.Popen], catcher: _SignalCatcher, timeout:
         time.sleep(POLL_SECONDS)
 
 
+def virtual_host(rank: int, nprocs: int, hosts: int) -> str:
+    """The COLLS_HOST of `rank` when `nprocs` ranks are split into `hosts` virtual hosts, in order."""
+    return f"vhost{rank * hosts // nprocs}"
+
+
 def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None,
-           timeout: float | None = None, env: dict | None = None) -> int:
+           timeout: float | None = None, env: dict | None = None, hosts: int | None = None) -> int:
     """Run `python <argv_of_program>` as `nprocs` ranks; return 0, the first failure's status, 124 or 130.
 
     `env` adds variables for every rank on top of ours; the exit status follows the shell's rules
     (128 + signal for a rank killed by a signal or a launcher interrupted by SIGINT/SIGTERM).
+    `hosts` splits the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
     """
+    if hosts is not None and not 1 <= hosts <= nprocs:
+        raise ValueError(f"hosts must be between 1 and nprocs ({nprocs}), not {hosts}")
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, not {nprocs}")
     if not argv_of_program:
@@ -199,7 +207,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     # An explicit choice wins; otherwise keep what the user exported, else the default.
     transport = transport or base.get("COLLS_TRANSPORT") or DEFAULT_TRANSPORT
     if transport == "mpi":
-        return _launch_with_mpiexec(argv_of_program, nprocs, base, timeout)
+        return _launch_with_mpiexec(argv_of_program, nprocs, base, timeout, hosts)
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")  # mode 0700: only we can plant files in it
     children: list[subprocess.Popen] = []
@@ -210,6 +218,8 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         try:
             for rank in range(nprocs):
                 child_env = dict(base, **job_environment(rank, nprocs, transport, rendezvous, job))
+                if hosts is not None:
+                    child_env["COLLS_HOST"] = virtual_host(rank, nprocs, hosts)
                 child = subprocess.Popen(
                     [sys.executable, *argv_of_program], env=child_env,
                     stdin=None if rank == 0 else subprocess.DEVNULL,  # only rank 0 may read the terminal
@@ -260,7 +270,7 @@ def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str],
 
 
 def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str, str],
-                         timeout: float | None) -> int:
+                         timeout: float | None, hosts: int | None = None) -> int:
     """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -270,6 +280,13 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
     options, program = survivable_under_hydra(
         mpiexec, [sys.executable, "-m", "colls.linebuffered", *argv_of_program])
     command = [mpiexec, *options, "-n", str(nprocs), *program]
+    if hosts is not None:
+        # MPMD: one block of ranks per virtual host, each with its own COLLS_HOST
+        command = [mpiexec, *options]
+        for host in range(hosts):
+            count = sum(virtual_host(r, nprocs, hosts) == f"vhost{host}" for r in range(nprocs))
+            command += [*([":"] if host else []), "-n", str(count), "-env", "COLLS_HOST", f"vhost{host}",
+                        *program]
     child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi"),
                              start_new_session=True)
     try:

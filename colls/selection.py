@@ -83,12 +83,17 @@ class Explanation:
         return "\n".join(lines)
 
 
-class Selector:
-    """Chooses algorithms for one communicator (its transport and size)."""
+# Run hierarchically whenever a communicator's ranks span hosts (and some host holds several).
+HIERARCHICAL = ("all_reduce", "broadcast", "all_to_all")
 
-    def __init__(self, transport: str, size: int) -> None:
+
+class Selector:
+    """Chooses algorithms for one communicator (its transport, size, and whether it spans hosts)."""
+
+    def __init__(self, transport: str, size: int, spans_hosts: bool = False) -> None:
         self.transport = transport
         self.size = size
+        self.spans_hosts = spans_hosts
         self.machine = load_machine(transport)
         self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative, COLLS_ALGO) -> name
 
@@ -99,6 +104,9 @@ class Selector:
         pinned = forced(collective)
         if pinned is not None:
             return Explanation(collective, nbytes, self.size, self.transport, pinned, "COLLS_ALGO", predicted)
+        if self.spans_hosts and collective in HIERARCHICAL and "hierarchical" in pool:
+            return Explanation(collective, nbytes, self.size, self.transport, "hierarchical",
+                               "ranks span hosts", predicted)
         modelled = {name: t for name, t in predicted.items() if t != float("inf")}
         if not modelled or collective == "all_to_all_v":
             # per-rank sizes differ in all_to_all_v, so a size-based choice could differ between ranks
@@ -125,4 +133,4 @@ class Selector:
 
 def explain(collective: str, nbytes: int, comm) -> Explanation:
     """Which algorithm `comm` would run for a `collective` of `nbytes`, and the predicted times."""
-    return Selector(comm.transport.name, comm.size).explain(collective, nbytes)
+    return Selector(comm.transport.name, comm.size, comm.layout.spans_hosts).explain(collective, nbytes)

@@ -16,12 +16,13 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from transports.errors import CollsError, InvalidArgument
 
 from .communicator import Communicator
+from .hierarchy import Layout
 from .launcher import cleanup_job_segments, job_environment
 
 
@@ -36,27 +37,37 @@ class SpawnError(CollsError):
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, transport: str = "shm", args: tuple = (),
-          timeout: float | None = None) -> list[Any]:
-    """Run `fn(comm, *args)` on `nprocs` ranks and return their results in rank order."""
+          timeout: float | None = None, hosts: Sequence[str] | None = None) -> list[Any]:
+    """Run `fn(comm, *args)` on `nprocs` ranks and return their results in rank order.
+
+    `hosts` names a (virtual) host per rank, as COLLS_HOST would, so that collectives run across
+    hosts (hierarchically) on one machine.
+    """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise InvalidArgument(f"spawn: nprocs must be a positive int, got {nprocs!r}")
+    if hosts is not None and (isinstance(hosts, str) or len(hosts) != nprocs
+                              or not all(isinstance(h, str) and h for h in hosts)):
+        raise InvalidArgument(f"spawn: hosts must be {nprocs} non-empty host names, one per rank, "
+                              f"got {hosts!r}")
     if transport == "local":
-        return _spawn_threads(fn, nprocs, args, timeout)
+        return _spawn_threads(fn, nprocs, args, timeout, hosts)
     if transport == "shm":
-        return _spawn_processes(fn, nprocs, args, timeout)
+        return _spawn_processes(fn, nprocs, args, timeout, hosts)
     raise InvalidArgument(f"spawn: transport={transport!r}; spawn runs 'local' or 'shm' "
                           f"(for mpi, start the script with mpiexec)")
 
 
-def _spawn_threads(fn, nprocs: int, args: tuple, timeout: float | None) -> list[Any]:
+def _spawn_threads(fn, nprocs: int, args: tuple, timeout: float | None,
+                   hosts: Sequence[str] | None) -> list[Any]:
     from transports.local import LocalWorld
 
     world = LocalWorld(nprocs)
+    layout = None if hosts is None else Layout.from_names(hosts)   # threads share one environment
     results: list[Any] = [None] * nprocs
     failures: dict[int, str] = {}
 
     def rank_main(rank: int) -> None:
-        comm = Communicator(world.transport(rank), timeout)
+        comm = Communicator(world.transport(rank), timeout, layout=layout)
         try:
             results[rank] = fn(comm, *args)
         except BaseException:
@@ -93,7 +104,8 @@ def _child(fn, rank: int, args: tuple, env: dict[str, str], timeout: float | Non
         pipe.close()
 
 
-def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None) -> list[Any]:
+def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None,
+                     hosts: Sequence[str] | None) -> list[Any]:
     context = multiprocessing.get_context("fork")
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")
@@ -101,6 +113,8 @@ def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None) -> lis
     try:
         for rank in range(nprocs):
             env = job_environment(rank, nprocs, "shm", rendezvous, job)
+            if hosts is not None:
+                env["COLLS_HOST"] = hosts[rank]
             parent_end, child_end = context.Pipe(duplex=False)
             process = context.Process(target=_child, args=(fn, rank, args, env, timeout, child_end),
                                       name=f"colls-rank-{rank}", daemon=True)

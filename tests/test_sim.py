@@ -51,26 +51,36 @@ def real_buffer(count: int, dtype) -> np.ndarray:
     return (np.arange(count) % 7 + 1).astype(dtype)
 
 
-def local_trace(collective: str, algorithm: str, size: int, nbytes: int) -> list[list]:
-    """Each rank's (verb, peer, bytes) sequence in a real run on the thread transport."""
-    world, logs, errors = LocalWorld(size), [[] for _ in range(size)], []
+def run_ranks(world: LocalWorld, rank_main) -> None:
+    """Run `rank_main(rank)` on one thread per rank of `world`; any rank's error fails the test."""
+    errors = []
 
-    def rank_main(rank: int) -> None:
+    def guarded(rank: int) -> None:
         try:
-            channel = Channel(Recording(world.transport(rank), logs[rank]), COLLECTIVE_TAG_BASE,
-                              time.monotonic() + 60, collective)
-            lookup(collective, algorithm).run(channel, *arguments(collective, rank, size, nbytes,
-                                                                  make=real_buffer))
+            rank_main(rank)
         except BaseException as error:
             errors.append(error)
             world.mark_lost(rank, repr(error))
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(world.size)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not errors, errors
+
+
+def local_trace(collective: str, algorithm: str, size: int, nbytes: int) -> list[list]:
+    """Each rank's (verb, peer, bytes) sequence in a real run on the thread transport."""
+    world, logs = LocalWorld(size), [[] for _ in range(size)]
+
+    def rank_main(rank: int) -> None:
+        channel = Channel(Recording(world.transport(rank), logs[rank]), COLLECTIVE_TAG_BASE,
+                          time.monotonic() + 60, collective)
+        lookup(collective, algorithm).run(channel, *arguments(collective, rank, size, nbytes,
+                                                              make=real_buffer))
+
+    run_ranks(world, rank_main)
     return logs
 
 

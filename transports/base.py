@@ -98,6 +98,9 @@ class Transport(ABC):
         self.aborted = reason
 
     aborted: str | None = None
+    # Set by the communicator when its ranks span hosts: the two-level transports that
+    # `algorithms.hierarchical` composes (an `algorithms.hierarchical.Levels`).
+    levels = None
 
     def check_aborted(self) -> None:
         """Raise `CommunicatorAborted` if this rank or (where the transport can tell) a peer aborted."""

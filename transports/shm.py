@@ -435,19 +435,7 @@ class ShmTransport(Transport):
     # -- groups and teardown ---------------------------------------------------------------------
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
-        # Only members take part in the new group's own exchanges; they are carried over `exchange`
-        # (collective over this whole group), each member picking out its group's entries.
-        members = list(ranks)
-
-        def group_exchange(data: bytes) -> list[bytes]:
-            table = exchange(data if members else b"")
-            return [table[r] for r in members]
-
-        if not members:
-            group_exchange(b"")     # the name round
-            group_exchange(b"")     # the "mapped" round
-            return None
-        return ShmTransport(members.index(self.rank), len(members), group_exchange)
+        return shm_group(self.rank, ranks, exchange)
 
     def close(self) -> None:
         if self.closed:
@@ -458,3 +446,20 @@ class ShmTransport(Transport):
             if segment is not self.segment:
                 segment.close()
         self.segment.close()
+
+
+def shm_group(rank: int, ranks: Sequence[int], exchange: Exchange) -> ShmTransport | None:
+    """A shared-memory transport for the group `ranks` of a parent group (of any transport) in
+    which this process is rank `rank`; collective over the parent, whose `exchange` carries the
+    new group's two setup rounds, each member picking out its group's entries. None outside."""
+    members = list(ranks)
+
+    def group_exchange(data: bytes) -> list[bytes]:
+        table = exchange(data if members else b"")
+        return [table[r] for r in members]
+
+    if not members:
+        group_exchange(b"")     # the name round
+        group_exchange(b"")     # the "mapped" round
+        return None
+    return ShmTransport(members.index(rank), len(members), group_exchange)

@@ -1,10 +1,10 @@
 """Run registered algorithms, unchanged, on symbolic buffers over the `sim` transport.
 
 `simulate` times one collective call (every rank, or every group of a partition of the ranks at
-once, so that concurrent groups contend for the same links); `hierarchical_all_reduce` composes
-registered algorithms over sim sub-groups: reduce-scatter inside each node, all-reduce across nodes
-among the ranks with the same local rank, all-gather inside the node (as NCCL's and Horovod's
-hierarchical all-reduce).
+once, so that concurrent groups contend for the same links); `hierarchical_all_reduce` runs the
+registered hierarchical all-reduce (the code real runs across hosts use) over sim sub-groups:
+reduce-scatter inside each node, all-reduce across nodes among the ranks with the same local rank,
+all-gather inside the node (as NCCL's and Horovod's hierarchical all-reduce).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from algorithms import SUM, lookup
 from algorithms.blocks import offsets
+from algorithms.hierarchical import Layout, Levels
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic
 from transports.sim import SimTransport, SimWorld, symbolic
 
@@ -93,22 +94,20 @@ def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbyt
 
 def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: int,
                             inter_algorithm: str = "ring", dtype=np.float32) -> int:
-    """Reduce-scatter in the node, all-reduce of the shard across nodes, all-gather in the node;
-    returns the bytes this rank sent."""
-    rank, size = transport.rank, transport.size
-    node, local = divmod(rank, local_size)
-    intra = transport.subgroup([node * local_size + i for i in range(local_size)], None)
-    inter = transport.subgroup([k * local_size + local for k in range(size // local_size)], None)
-    block = nbytes // np.dtype(dtype).itemsize // local_size
-    buf, shard = symbolic(block * local_size, dtype), symbolic(block, dtype)
-    tag, inside, across = COLLECTIVE_TAG_BASE, Traffic(local_size), Traffic(size // local_size)
-    # 1. inside the node: rank `local` ends with the node's sum of block `local`
-    lookup("reduce_scatter", "ring").run(Channel(intra, tag, math.inf, "hier rs", inside), buf, shard, SUM)
-    # 2. across nodes: the ranks holding the same block all-reduce it (each NIC carries 1/local)
-    lookup("all_reduce", inter_algorithm).run(Channel(inter, tag, math.inf, "hier ar", across), shard, SUM)
-    # 3. inside the node: every rank gathers the node's blocks
-    lookup("all_gather", "ring").run(Channel(intra, tag, math.inf, "hier ag", inside), shard, buf)
-    return sum(inside.bytes_sent) + sum(across.bytes_sent)
+    """The registered hierarchical all-reduce (reduce-scatter in the node, all-reduce of the shard
+    across nodes with `inter_algorithm`, all-gather in the node) over sim sub-groups of nodes of
+    `local_size` consecutive ranks; returns the bytes this rank sent."""
+    size = transport.size
+    layout = Layout(tuple(rank // local_size for rank in range(size)))
+    node = layout.members[layout.hosts[transport.rank]]
+    intra = transport.subgroup(node, None)
+    inter = transport.subgroup(layout.cross_members(layout.local_index(transport.rank)), None)
+
+    def choose(level: str, collective: str, nbytes: int) -> str:
+        return inter_algorithm if level == "cross" else "binomial"   # the leaders' reduce, broadcast
+
+    transport.levels = Levels(layout, intra, inter, choose)
+    return run_algorithm(transport, "all_reduce", "hierarchical", nbytes, dtype)
 
 
 def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,

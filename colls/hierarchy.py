@@ -1,0 +1,71 @@
+"""Where a communicator's ranks run, and the two-level transports its hierarchical calls use.
+
+Hosts are found through the bootstrap: every rank says its host name (COLLS_HOST, else the real
+host name), so several virtual hosts can be tested on one machine. The levels are built on the
+first hierarchical call, collectively: inside each host a shared-memory group where the host's
+ranks share a machine (whatever the world's transport), across hosts a sub-group of the world's
+own transport (MPI between machines).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import TYPE_CHECKING
+
+from algorithms import DEFAULTS
+from algorithms.hierarchical import Layout, Levels
+from transports.base import Transport
+
+from .selection import Selector
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
+
+
+def host_name() -> str:
+    """This process's host for grouping ranks: COLLS_HOST, else the machine's host name."""
+    return os.environ.get("COLLS_HOST") or socket.gethostname()
+
+
+def _identity() -> bytes:
+    """(virtual host, machine, whether shared memory works here), as one record for the exchange."""
+    usable = platform.machine().lower() in ("x86_64", "amd64")
+    return "\0".join((host_name(), socket.gethostname(), "1" if usable else "0")).encode()
+
+
+def discover(comm: Communicator) -> tuple[Layout, bool]:
+    """Collective: (the layout of `comm`'s ranks, whether each host's ranks share one machine on
+    which shared memory works, so that the level inside a host can be shm)."""
+    records = [entry.decode().split("\0") for entry in comm._exchange(_identity())]
+    layout = Layout.from_names([record[0] for record in records])
+    same_machine = all(len({records[r][1] for r in group}) == 1 and records[group[0]][2] == "1"
+                       for group in layout.members)
+    return layout, same_machine
+
+
+def build_levels(comm: Communicator, shm_inside: bool) -> Levels:
+    """Collective over `comm`: its ranks' transport inside their host and across hosts."""
+    layout, rank, world = comm.layout, comm.rank, comm.transport
+    host = layout.members[layout.hosts[rank]]
+    across = layout.cross_members(layout.local_index(rank))
+    if shm_inside and world.name != "shm" and world.name != "local":
+        from transports.shm import shm_group
+
+        local = shm_group(rank, host, comm._exchange)
+    else:
+        local = world.subgroup(host, comm._exchange)
+    cross = world.subgroup(across, comm._exchange)
+    assert local is not None and cross is not None
+    selectors = {"local": _selector(local), "cross": _selector(cross)}
+
+    def choose(level: str, collective: str, nbytes: int) -> str:
+        name = selectors[level].choose(collective, nbytes)
+        return DEFAULTS[collective] if name == "hierarchical" else name   # (COLLS_ALGO pins it)
+
+    return Levels(layout, local, cross, choose)
+
+
+def _selector(transport: Transport) -> Selector:
+    return Selector(transport.name, transport.size)
