@@ -8,7 +8,8 @@ messages, median of many round trips); γ from timing a numpy reduction of 4 MiB
 --profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
 from 8 B to 64 MiB between two pinned ranks right after a barrier (both shm protocols: the FIFO below
 64 KiB, cross-memory attach above), what the barrier adds to it, the software of one call per
-collective (on a one-rank group: no message), numpy's reductions and copies per byte at several
+collective (on a one-rank group: no message), what posting a message costs the rank's own CPU
+(an exchange beside one message), numpy's reductions and copies per byte at several
 sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
 a new buffer, how long a waiting rank polls before it yields its core, and what getting one back
 costs.
@@ -109,6 +110,22 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float
             channel.wait(channel.send(buf, 1))
         else:
             channel.wait(channel.recv(buf, 0))
+        times.append(time.perf_counter() - start)
+    return statistics.median(slowest(pair, times))
+
+
+def exchange_seconds(pair: Communicator, rounds: int) -> float:
+    """Median time, the slower rank's, of both ranks of a two-rank `pair` posting an 8 B receive and
+    an 8 B send to each other right after a barrier and waiting for both: beside one message
+    (`after_barrier_seconds`), what a rank's own posting adds when it also sends."""
+    buf, incoming = np.ones(SMALL_BYTES, np.uint8), np.ones(SMALL_BYTES, np.uint8)
+    channel = pair.channel("colls tune exchange", timeout=120)
+    times = []
+    for _ in range(rounds):
+        pair.barrier()
+        start = time.perf_counter()
+        receive = channel.recv(incoming, 1 - pair.rank)
+        channel.wait(channel.send(buf, 1 - pair.rank), receive)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
 
@@ -239,17 +256,19 @@ def profile(comm: Communicator) -> dict:
         after = {n: after_barrier_seconds(pair, n, rounds[n]) for n in PROFILE_MESSAGE_BYTES}
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
+        post = max(0.0, exchange_seconds(pair, 2000) - after[SMALL_BYTES])
         spin = spin_seconds(pair)
         os.sched_setaffinity(0, before)
-        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin)}
+        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post}
         pair.close()
-    shared = comm.broadcast(np.array([extra.get(k, 0.0) for k in ("start_s", "spin_s", "wake_s")]), root=0)
+    names = ("start_s", "spin_s", "wake_s", "post_s")
+    shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
     work["alloc"] = {str(n): fresh_seconds_per_byte(n) for n in PROFILE_ALLOC_BYTES}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
-            "start_s": float(shared[0]), "spin_s": float(shared[1]), "wake_s": float(shared[2]),
+            **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"]}
 

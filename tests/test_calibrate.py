@@ -241,3 +241,27 @@ def test_an_eager_send_is_done_when_posted():
     assert sender_seconds(True) == 0.0 and sender_seconds(False) == pytest.approx(1e-3)
     assert SharedMemory(2, profile()).route_for(0, 1, 4 * KIB).eager
     assert not SharedMemory(2, profile()).route_for(0, 1, 4 * MIB).eager
+
+
+def test_posting_is_the_ranks_own_work_so_an_exchange_costs_more_than_one_message():
+    from dataclasses import replace
+
+    import numpy as np
+
+    from transports.sim import SimWorld
+
+    posting = replace(profile(), post=3e-6)
+    # one message: the sender's post is part of the measured α, nothing changes
+    assert predict("broadcast", "binomial", 2, 4 * KIB, posting) == \
+        pytest.approx(predict("broadcast", "binomial", 2, 4 * KIB, profile()), rel=1e-9)
+
+    def exchange(transport):   # as colls.tune.exchange_seconds: post the receive, then the send
+        incoming, outgoing = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
+        receive = transport.irecv(incoming, 1 - transport.rank, 0)
+        transport.wait_all([transport.isend(outgoing, 1 - transport.rank, 0), receive], float("inf"))
+        return transport.clock
+
+    one_way = posting.message[0][1]
+    # (its 8 bytes cross the CPU links both messages share, at half rate: 8 ns more)
+    assert max(SimWorld(2, SharedMemory(2, posting)).run(exchange)) == pytest.approx(one_way + 3e-6, abs=1e-8)
+    assert max(SimWorld(2, SharedMemory(2, profile())).run(exchange)) == pytest.approx(one_way, abs=1e-8)

@@ -366,8 +366,9 @@ class SimWorld:
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
         # what the network says of its machine beyond links: a cost per byte of a new buffer (by
-        # size; page faults of a fresh mapping), fewer cores than ranks
+        # size; page faults of a fresh mapping), software per posted message, fewer cores than ranks
         self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
+        self.post_seconds = getattr(network, "post_seconds", 0.0)   # a rank's own work per send/receive
         sharing = getattr(network, "time_sharing", None)
         self._cores = _Cores(sharing) if sharing is not None and sharing.cores < size else None
         self.failure: BaseException | None = None
@@ -646,7 +647,7 @@ class SimTransport(Transport):
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         world, me = self.world, self.me
-        me.clock = max(me.clock, world.now)
+        me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
         request = _SimRequest("send", peer, tag, buf, me)
         data = None
         if not is_symbolic(buf):
@@ -675,7 +676,7 @@ class SimTransport(Transport):
 
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> Request:
         me = self.me
-        me.clock = max(me.clock, self.world.now)
+        me.clock = max(me.clock, self.world.now) + self.world.post_seconds * me.slowdown
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
         key = (self.group.id, peer, tag)
         sent = me.unmatched_sends.get(key)

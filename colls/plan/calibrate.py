@@ -17,6 +17,8 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   algorithm allocates costs its first touch (page faults when numpy maps a big buffer anew);
 - ranks beyond the cores time-share them: a rank that waits polls `spin`, then yields its core,
   and one that takes a yielded core back pays `wake` (both measured);
+- posting a send or a receive costs the posting rank's own CPU (`post`: an 8 B exchange less one
+  message), the rest of α is the route's;
 - every call pays its software (describe, select, deliver; measured on a one-rank group) and what
   the barrier before it adds to its first message (the ranks leave it at different moments).
 """
@@ -69,6 +71,7 @@ class Profile:
     wake: float = 0.0
     rendezvous: int = 64 << 10
     alloc: tuple[tuple[int, float], ...] = ((1, 0.0),)
+    post: float = 0.0
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -94,7 +97,7 @@ class Profile:
                    combine([entry.get("spin_s", 0.0) for entry in entries]),
                    combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes(),
                    median_table("alloc_s_per_byte") if all("alloc_s_per_byte" in e for e in entries)
-                   else ((1, 0.0),))
+                   else ((1, 0.0),), combine([entry.get("post_s", 0.0) for entry in entries]))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -138,6 +141,9 @@ class SharedMemory:
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake)
         self.alloc_seconds_per_byte = profile.alloc_seconds_per_byte   # scratch buffers' page faults
+        # posting a send or a receive is the rank's own work (a rank that sends and receives at
+        # once does both in turn); the rest of a message's α is in the route
+        self.post_seconds = profile.post
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
@@ -148,6 +154,7 @@ class SharedMemory:
         by cross-memory attach the receiver copies, once it has posted its receive and runs (on its
         own core, so ranks sharing a core take turns), and the send is done when it has."""
         alpha, beta = self.profile.message_cost(nbytes)
+        alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
         if nbytes < self.profile.rendezvous:
             return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), "intra",
                          beta / REFERENCE_SECONDS_PER_BYTE, eager=True)
