@@ -155,12 +155,13 @@ class SharedMemory:
         own core, so ranks sharing a core take turns), and the send is done when it has."""
         alpha, beta = self.profile.message_cost(nbytes)
         alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
+        port = f"fifo to {dst}"   # one FIFO per peer: messages to different peers do not queue
         if nbytes < self.profile.rendezvous:
-            return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), "intra",
+            return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), port,
                          beta / REFERENCE_SECONDS_PER_BYTE, eager=True)
         if self.footprint > nbytes:   # a piece of a bigger call copies at the call's size's rate
             beta = self.profile.message_cost(self.footprint)[1] or beta
-        return Route(alpha, (), "intra", rendezvous=True, pull=beta)
+        return Route(alpha, (), port, rendezvous=True, pull=beta)
 
 
 @dataclass(frozen=True)
