@@ -381,9 +381,9 @@ def _kill_under_mpi(command: list[str], script: Path, out: Path, size: int):
 
 
 @pytest.mark.mpi
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(400)
 def test_killed_rank_is_named_by_every_survivor_under_colls_run_mpi(tmp_path):
-    """COLLS_MPI_KILL_RUNS (10) times under `colls run --transport mpi` (Hydra, with the rank guard
+    """COLLS_MPI_KILL_RUNS (50, as the issue asks) times under `colls run --transport mpi` (Hydra, with the rank guard
     and -disable-auto-cleanup): SIGKILL a random rank mid all-reduce; every survivor raises PeerLost
     naming it within 3 s, the job exits 128 + SIGKILL naming it, nothing is left behind."""
     if not MPIEXEC.exists():
@@ -392,7 +392,7 @@ def test_killed_rank_is_named_by_every_survivor_under_colls_run_mpi(tmp_path):
     script.write_text(MPI_KILL_SCRIPT)
     rng = random.Random(20261203)
     detections = []
-    runs = int(os.environ.get("COLLS_MPI_KILL_RUNS", "10"))
+    runs = int(os.environ.get("COLLS_MPI_KILL_RUNS", "50"))
     for run in range(runs):
         size = rng.choice([2, 3, 4])
         victim, delay = rng.randrange(size), rng.uniform(0.05, 0.3)
