@@ -22,17 +22,20 @@ from .trees import Tree, double_binary_tree
 
 @register("all_reduce", "ring",
           "reduce-scatter then all-gather around the ring; 2(n-1)/n of the buffer per rank",
-          commutative_only=True)
-def ring(channel: Channel, buf: np.ndarray, op: Op) -> None:
+          commutative_only=True, takes_source=True)
+def ring(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray | None = None) -> None:
     """Ring all-reduce in place (Patarasuk & Yuan 2009; Baidu's ring): bandwidth-optimal.
 
     Each block is reduced by exactly one chain of ranks and then copied around, so every rank ends
     with the same bytes even for floats. Counts that don't divide by n give blocks one element apart.
+    With `source` (the input, apart from `buf`), `buf` is only written: no copy of the input first.
     """
     if channel.size == 1:
+        if source is not None:
+            np.copyto(buf, source)
         return
     starts = bounds(buf.shape[0], channel.size)
-    ring_reduce_scatter_phase(channel, buf, starts, op)   # rank r now holds block r reduced
+    ring_reduce_scatter_phase(channel, buf, starts, op, source)   # rank r now holds block r reduced
     ring_all_gather_phase(channel, buf, starts)           # and passes it around the ring
 
 

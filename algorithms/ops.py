@@ -56,6 +56,24 @@ class Op:
             return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
         self.combine(accumulator, incoming, accumulator)
 
+    def from_source(self, source: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
+        """A reducer writing `source ∘ incoming` into the receive buffer (incoming from higher ranks).
+
+        Transports hand a receive's data to its reducer once, in order, piece by piece, so the
+        reducer keeps its place in `source`: the fused receive-reduce-copy of NCCL's primitives,
+        which spares the collective copying its input into the output first.
+        """
+        position = 0
+
+        def reduce(accumulator: np.ndarray, incoming: np.ndarray) -> None:
+            nonlocal position
+            start, position = position, position + accumulator.shape[0]
+            if faults.ACTIVE and "op_order" in faults.ACTIVE:   # planted fault: operands swapped
+                return self.combine(incoming, source[start:position], accumulator)
+            self.combine(source[start:position], incoming, accumulator)
+
+        return reduce
+
     def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
         """accumulator = incoming ∘ accumulator: the incoming data is from lower ranks."""
         self.combine(incoming, accumulator, accumulator)

@@ -12,24 +12,29 @@ from .ops import Op
 from .registry import register
 
 
-def ring_reduce_scatter_phase(channel: Channel, buf: np.ndarray, starts: list[int], op: Op) -> None:
+def ring_reduce_scatter_phase(channel: Channel, buf: np.ndarray, starts: list[int], op: Op,
+                              source: np.ndarray | None = None) -> None:
     """In place: after n-1 steps rank r holds the full reduction of block r of `buf` (Baidu ring).
 
     Block j starts at rank j+1 and travels right, each rank folding in its own contribution, so it
     arrives complete at rank j after n-1 hops; every rank sends and receives (n-1)/n of the buffer.
+    With `source`, my contributions are read from it and `buf` is only written: each block that
+    arrives lands as source ∘ incoming (so `buf` need not hold a copy of the input first).
     """
     rank, size = channel.rank, channel.size
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send_block = (rank - step - 1) % size
         recv_block = (rank - step - 2) % size
-        outgoing = buf[starts[send_block]:starts[send_block + 1]]
+        outgoing = (buf if source is None or step else source)[starts[send_block]:starts[send_block + 1]]
         incoming = buf[starts[recv_block]:starts[recv_block + 1]]
-        source = left
+        reducer = op.into_left if source is None else op.from_source(source[starts[recv_block]:
+                                                                            starts[recv_block + 1]])
+        sender = left
         if faults.ACTIVE and "ring_wrong_peer" in faults.ACTIVE and size >= 3 and step == 0:
-            source = (rank - 2) % size   # planted fault: the wrong peer in the first step
+            sender = (rank - 2) % size   # planted fault: the wrong peer in the first step
         # send my partial of one block to the right; fold the left's partial of the next into mine
-        channel.wait(channel.send(outgoing, right), channel.recv_reduce(incoming, source, op.into_left))
+        channel.wait(channel.send(outgoing, right), channel.recv_reduce(incoming, sender, reducer))
 
 
 @register("reduce_scatter", "ring", "n-1 steps around the ring; each rank sends (n-1)/n of the buffer",

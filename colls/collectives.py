@@ -29,12 +29,21 @@ class Collectives:
         op = check.op("all_reduce", op, x.dtype)
         algo = check.algorithm("all_reduce", algorithm, op, x.nbytes)
         result, work = _result_buffer(check.output("all_reduce", out, x.shape, x.dtype), x.shape, x.dtype)
+        source = None
         if work is not x:
-            np.copyto(work, x)
+            # a schedule that reads the input itself is spared the copy, unless the call returns
+            # before it runs (async: the input may change) or the output overlaps the input
+            if algo.takes_source and not async_op and not np.may_share_memory(x, work):
+                source = x.reshape(-1)
+            else:
+                np.copyto(work, x)
         flat = work.reshape(-1)
 
         def body(channel):
-            algo.run(channel, flat, op)
+            if source is None:
+                algo.run(channel, flat, op)
+            else:
+                algo.run(channel, flat, op, source)
             op.finish(flat, self.size)
             return _deliver(result, work)
 
