@@ -1,4 +1,5 @@
-"""Which algorithm runs: `algorithm=`, else COLLS_ALGO, else the cheapest by the cost model.
+"""Which algorithm runs: `algorithm=`, else COLLS_ALGO (read when the communicator is made), else
+the cheapest by the cost model.
 
 The model's constants (α, β, γ per transport) come from `colls tune`, which measures them on this
 machine and saves them to COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); without that file,
@@ -52,14 +53,15 @@ def save_machine(transport: str, machine: Machine) -> Path:
     return path
 
 
-def forced(collective: str) -> str | None:
-    """The algorithm COLLS_ALGO forces for `collective` ("all_reduce:ring;broadcast:binomial")."""
-    spec = os.environ.get("COLLS_ALGO", "")
-    for item in spec.split(";"):
+def pins() -> dict[str, str]:
+    """The algorithms COLLS_ALGO forces, by collective ("all_reduce:ring;broadcast:binomial")."""
+    table = {}
+    for item in os.environ.get("COLLS_ALGO", "").split(";"):
         key, _, value = item.partition(":")
-        if key.strip() == collective and value.strip():
-            return value.strip()
-    return None
+        if key.strip() and value.strip():
+            table.setdefault(key.strip(), value.strip())
+    return table
+
 
 
 @dataclass(frozen=True)
@@ -95,13 +97,14 @@ class Selector:
         self.size = size
         self.spans_hosts = spans_hosts
         self.machine = load_machine(transport)
-        self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative, COLLS_ALGO) -> name
+        self.pinned = pins()   # COLLS_ALGO as it was when the communicator was made (as NCCL's env)
+        self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative) -> name
 
     def explain(self, collective: str, nbytes: int, candidates: list[str] | None = None) -> Explanation:
         """The choice for `nbytes` with the reasoning; `candidates` limits the choice."""
         pool = names(collective) if candidates is None else candidates
         predicted = {name: predict(collective, name, self.size, nbytes, self.machine) for name in pool}
-        pinned = forced(collective)
+        pinned = self.pinned.get(collective)
         if pinned is not None:
             return Explanation(collective, nbytes, self.size, self.transport, pinned, "COLLS_ALGO", predicted)
         if self.spans_hosts and collective in HIERARCHICAL and "hierarchical" in pool:
@@ -117,7 +120,7 @@ class Selector:
 
     def choose(self, collective: str, nbytes: int, commutative: bool = True) -> str:
         """The algorithm to run when none was asked for (memoised: this is on every call's path)."""
-        key = (collective, nbytes, commutative, os.environ.get("COLLS_ALGO"))
+        key = (collective, nbytes, commutative)
         name = self._choices.get(key)
         if name is None:
             if len(self._choices) > 4096:
