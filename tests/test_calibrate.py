@@ -265,3 +265,23 @@ def test_posting_is_the_ranks_own_work_so_an_exchange_costs_more_than_one_messag
     # (its 8 bytes cross the CPU links both messages share, at half rate: 8 ns more)
     assert max(SimWorld(2, SharedMemory(2, posting)).run(exchange)) == pytest.approx(one_way + 3e-6, abs=1e-8)
     assert max(SimWorld(2, SharedMemory(2, profile())).run(exchange)) == pytest.approx(one_way, abs=1e-8)
+
+
+def test_an_all_reduce_that_reads_its_input_itself_skips_the_copy_into_out():
+    from dataclasses import replace
+
+    from algorithms import lookup
+
+    if not getattr(lookup("all_reduce", "ring"), "takes_source", False):
+        pytest.skip("ring copies x into out here")
+    cheap = profile()
+    dear = replace(cheap, copy=((KIB, 1e-9), (64 * MIB, 1e-9)))   # copies 10x dearer
+
+    def extra(algorithm: str) -> float:
+        return predict("all_reduce", algorithm, 2, MIB, dear) - \
+            predict("all_reduce", algorithm, 2, MIB, cheap)
+
+    # ring reads x where it lies and copies nothing; recursive doubling copies x into out (and the
+    # scratch it exchanges), so it pays at least one buffer's worth more
+    assert extra("ring") == pytest.approx(0.0, abs=1e-12)
+    assert extra("recursive_doubling") >= MIB * 9e-10

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from algorithms import lookup
 from transports.shm import rendezvous_bytes
 from transports.sim import Link, Route, SimTransport, TimeSharing
 
@@ -188,10 +189,15 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     copy = profile.copy_seconds_per_byte(nbytes)
     overhead = profile.call.get(collective, 0.0) + profile.start
 
+    # all_reduce copies x into out first unless the schedule reads x itself (broadcast's root works
+    # in place, as colls bench calls it)
+    reads_x = collective == "all_reduce" and getattr(lookup(collective, algorithm), "takes_source", False)
+    copies_input = collective == "all_reduce" and not reads_x
+
     def body(transport: SimTransport) -> int:
         transport.elapse(overhead)   # describe, select, deliver; the first message after the barrier
-        if collective == "all_reduce":
-            transport.elapse(nbytes * copy)   # x copied into out first (broadcast's root works in place)
+        if copies_input:
+            transport.elapse(nbytes * copy)
         return run_algorithm(transport, collective, algorithm, nbytes)
 
     return run_world(ranks, network, body, profile.reduce_seconds_per_byte(nbytes), copy).seconds
