@@ -114,11 +114,12 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float
     return statistics.median(slowest(pair, times))
 
 
-def exchange_seconds(pair: Communicator, rounds: int) -> float:
-    """Median time, the slower rank's, of both ranks of a two-rank `pair` posting an 8 B receive and
-    an 8 B send to each other right after a barrier and waiting for both: beside one message
-    (`after_barrier_seconds`), what a rank's own posting adds when it also sends."""
-    buf, incoming = np.ones(SMALL_BYTES, np.uint8), np.ones(SMALL_BYTES, np.uint8)
+def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES) -> float:
+    """Median time, the slower rank's, of both ranks of a two-rank `pair` posting an `nbytes`
+    receive and send to each other right after a barrier and waiting for both: beside one message
+    (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
+    two cross-memory-attach reads at once cost (large: they slow each other down)."""
+    buf, incoming = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
     channel = pair.channel("colls tune exchange", timeout=120)
     times = []
     for _ in range(rounds):
@@ -247,6 +248,7 @@ def profile(comm: Communicator) -> dict:
     workers = min(comm.size, cores)
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
+    exchange: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
         before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
@@ -257,6 +259,8 @@ def profile(comm: Communicator) -> dict:
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
         post = max(0.0, exchange_seconds(pair, 2000) - after[SMALL_BYTES])
+        exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES
+                    if n >= 64 << 10}
         spin = spin_seconds(pair)
         os.sched_setaffinity(0, before)
         extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post}
@@ -268,6 +272,7 @@ def profile(comm: Communicator) -> dict:
             for kind in ("reduce", "copy")}
     work["alloc"] = {str(n): fresh_seconds_per_byte(n) for n in PROFILE_ALLOC_BYTES}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
+            "exchange_s": exchange,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"]}

@@ -285,3 +285,29 @@ def test_an_all_reduce_that_reads_its_input_itself_skips_the_copy_into_out():
     # scratch it exchanges), so it pays at least one buffer's worth more
     assert extra("ring") == pytest.approx(0.0, abs=1e-12)
     assert extra("recursive_doubling") >= MIB * 9e-10
+
+
+def test_two_cross_memory_reads_at_once_slow_each_other_as_the_exchange_measured():
+    from dataclasses import replace
+
+    import numpy as np
+
+    from transports.sim import SimWorld
+
+    # one 1 MiB message: 10 us + 0.1 ns/B; both ranks reading 1 MiB at once: twice the bytes' time
+    alone = 10e-6 + MIB * 1e-10
+    machine = replace(profile(), exchange=((MIB, 10e-6 + 2 * MIB * 1e-10),))
+    assert machine.contention(MIB) == pytest.approx(2.0)
+    assert profile().contention(MIB) == 1.0   # nothing measured: no contention
+
+    def exchange(transport):
+        incoming, outgoing = np.zeros(MIB, np.uint8), np.zeros(MIB, np.uint8)
+        receive = transport.irecv(incoming, 1 - transport.rank, 0)
+        transport.wait_all([transport.isend(outgoing, 1 - transport.rank, 0), receive], float("inf"))
+        return transport.clock
+
+    # the second read runs beside the first, and each rank also waits for its own send to be read
+    both = SimWorld(2, SharedMemory(2, machine, footprint=MIB)).run(exchange)
+    assert both == [pytest.approx(10e-6 + 2 * MIB * 1e-10)] * 2
+    single = SimWorld(2, SharedMemory(2, profile(), footprint=MIB)).run(exchange)
+    assert single == [pytest.approx(alone)] * 2

@@ -142,6 +142,7 @@ class Route:
     rendezvous: bool = False   # the bytes move only once the receive is posted (the receiver copies)
     pull: float = 0.0      # seconds per byte the receiver copies itself once its wait ends (on its
                            # own clock, so on its core); its send completes when that copy is done
+    pull_contended: float = 0.0   # the same while another rank's pull runs (0: no slower)
 
 
 class IdealNetwork:
@@ -365,6 +366,7 @@ class SimWorld:
         self._dirty: set[Link] = set()
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
+        self._pulls: list[float] = []   # when the pulls (copies by receivers) in progress end
         # what the network says of its machine beyond links: a cost per byte of a new buffer (by
         # size; page faults of a fresh mapping), software per posted message, fewer cores than ranks
         self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
@@ -582,8 +584,11 @@ class SimWorld:
         recv = message.recv
         done = max(message.arrived, recv.posted)
         reducing = recv.nbytes * self.gamma * recv.owner.slowdown if recv.reducer is not None else 0.0
-        if message.route.pull:   # the receiver copies (and reduces) when it runs again
-            recv.pulled = (recv.nbytes * message.route.pull * recv.owner.slowdown + reducing, message.send)
+        route = message.route
+        if route.pull:   # the receiver copies (and reduces) when it runs again
+            per_byte = recv.nbytes * recv.owner.slowdown
+            recv.pulled = (per_byte * route.pull + reducing,
+                           per_byte * (route.pull_contended or route.pull) + reducing, message.send)
         else:
             done += reducing
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
@@ -596,6 +601,15 @@ class SimWorld:
             self._done_request(recv)
         else:
             self._push(done, _COMPLETE, recv)
+
+    def pull(self, start: float, alone: float, contended: float, send: _SimRequest) -> float:
+        """A receiver's copy from `start`: `alone` seconds, or `contended` if another one is running
+        then; completes `send` when it ends, which it returns."""
+        self._pulls = [end for end in self._pulls if end > start]
+        end = start + (contended if self._pulls else alone)
+        self._pulls.append(end)
+        self._push(end, _COMPLETE, send)
+        return end
 
     def _done_request(self, request: _SimRequest) -> None:
         request.done = True
@@ -709,9 +723,7 @@ class SimTransport(Transport):
                 pulled = getattr(request, "pulled", None)
                 if pulled is not None:
                     request.pulled = None
-                    seconds, send = pulled
-                    me.clock = max(me.clock, self.world.now) + seconds
-                    self.world._push(me.clock, _COMPLETE, send)
+                    me.clock = self.world.pull(max(me.clock, self.world.now), *pulled)
             outstanding = 0
             for request in requests:
                 if not request.done:

@@ -18,7 +18,8 @@ machine's shared memory whose constants come from a profile that `colls run -n N
 - ranks beyond the cores time-share them: a rank that waits polls `spin`, then yields its core,
   and one that takes a yielded core back pays `wake` (both measured);
 - posting a send or a receive costs the posting rank's own CPU (`post`: an 8 B exchange less one
-  message), the rest of α is the route's;
+  message), the rest of α is the route's; two cross-memory reads at once run slower per byte, as
+  much as an exchange of that size measured;
 - every call pays its software (describe, select, deliver; measured on a one-rank group) and what
   the barrier before it adds to its first message (the ranks leave it at different moments).
 """
@@ -73,6 +74,7 @@ class Profile:
     rendezvous: int = 64 << 10
     alloc: tuple[tuple[int, float], ...] = ((1, 0.0),)
     post: float = 0.0
+    exchange: tuple[tuple[int, float], ...] = ()   # (bytes, seconds of two cross-memory reads at once)
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -98,7 +100,8 @@ class Profile:
                    combine([entry.get("spin_s", 0.0) for entry in entries]),
                    combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes(),
                    median_table("alloc_s_per_byte") if all("alloc_s_per_byte" in e for e in entries)
-                   else ((1, 0.0),), combine([entry.get("post_s", 0.0) for entry in entries]))
+                   else ((1, 0.0),), combine([entry.get("post_s", 0.0) for entry in entries]),
+                   median_table("exchange_s") if all(e.get("exchange_s") for e in entries) else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -116,6 +119,16 @@ class Profile:
         if alpha < 0:   # the line through the two points passes below zero: keep the time, drop α
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
+
+    def contention(self, nbytes: int) -> float:
+        """How much slower per byte a cross-memory read of `nbytes` is while another runs: from the
+        exchange of that size (each rank posts, then reads while the other reads), at least 1."""
+        ratios = []
+        for size, seconds in self.exchange:
+            alpha, beta = self.message_cost(size)
+            if beta > 0:
+                ratios.append((size, max(1.0, (seconds - self.post - alpha) / size / beta)))
+        return _interpolate(ratios, nbytes) if ratios else 1.0
 
     def reduce_seconds_per_byte(self, nbytes: int) -> float:
         """γ for a call of `nbytes`."""
@@ -160,9 +173,11 @@ class SharedMemory:
         if nbytes < self.profile.rendezvous:
             return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), port,
                          beta / REFERENCE_SECONDS_PER_BYTE, eager=True)
-        if self.footprint > nbytes:   # a piece of a bigger call copies at the call's size's rate
-            beta = self.profile.message_cost(self.footprint)[1] or beta
-        return Route(alpha, (), port, rendezvous=True, pull=beta)
+        size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
+        if size > nbytes:
+            beta = self.profile.message_cost(size)[1] or beta
+        return Route(alpha, (), port, rendezvous=True, pull=beta,
+                     pull_contended=beta * self.profile.contention(size))
 
 
 @dataclass(frozen=True)
