@@ -383,9 +383,10 @@ def _kill_under_mpi(command: list[str], script: Path, out: Path, size: int):
 @pytest.mark.mpi
 @pytest.mark.timeout(400)
 def test_killed_rank_is_named_by_every_survivor_under_colls_run_mpi(tmp_path):
-    """COLLS_MPI_KILL_RUNS (50, as the issue asks) times under `colls run --transport mpi` (Hydra, with the rank guard
-    and -disable-auto-cleanup): SIGKILL a random rank mid all-reduce; every survivor raises PeerLost
-    naming it within 3 s, the job exits 128 + SIGKILL naming it, nothing is left behind."""
+    """COLLS_MPI_KILL_RUNS (50, as the issue asks) times under `colls run --transport mpi` (Hydra,
+    with the rank guard and -disable-auto-cleanup): SIGKILL a random rank mid all-reduce; every
+    survivor raises PeerLost naming it within 3 s, the job exits 128 + SIGKILL naming it, nothing
+    is left behind."""
     if not MPIEXEC.exists():
         pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
     script = tmp_path / "kill.py"
