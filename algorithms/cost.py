@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .blocks import PIPELINE_CHUNK_BYTES
+from .registry import CATALOGUE
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,22 @@ def model(collective: str, *names: str):
 
 
 def predict(collective: str, name: str, size: int, nbytes: float, machine: Machine) -> float:
-    """Predicted seconds for one call, or inf when the algorithm has no model."""
+    """Predicted seconds for one call, or inf when the algorithm has no model.
+
+    An all_reduce whose schedule works in place first copies its input into the output (one copy,
+    β/2 a byte, where a message costs a copy out and one in); one that reads its input where it
+    lies (`takes_source`: the ring) does not.
+    """
     fn = MODELS.get((collective, name))
     if fn is None:
         return math.inf
-    return 0.0 if size == 1 else fn(size, float(nbytes), machine)
+    if size == 1:
+        return 0.0
+    seconds = fn(size, float(nbytes), machine)
+    algorithm = CATALOGUE.get(collective, {}).get(name)
+    if collective == "all_reduce" and algorithm is not None and not algorithm.takes_source:
+        seconds += nbytes * machine.beta / 2
+    return seconds
 
 
 def _log2(n: int) -> int:
