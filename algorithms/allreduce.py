@@ -99,13 +99,21 @@ def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
 
 
 @register("all_reduce", "rabenseifner",
-          "recursive-halving reduce-scatter, then recursive-doubling all-gather: log n steps, 2S moved")
-def rabenseifner(channel: Channel, buf: np.ndarray, op: Op) -> None:
-    """Rabenseifner's algorithm (2004), MPICH's long-message all-reduce, for any n."""
+          "recursive-halving reduce-scatter, then recursive-doubling all-gather: log n steps, 2S moved",
+          takes_source=True)
+def rabenseifner(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray | None = None) -> None:
+    """Rabenseifner's algorithm (2004), MPICH's long-message all-reduce, for any n.
+
+    With `source` (the input, apart from `buf`), the first halving reads it where it lies and
+    lands my half as source ∘ incoming; ranks taking part in the fold copy it first.
+    """
     rank, size = channel.rank, channel.size
+    power, new_rank = fold_to_power_of_two(rank, size)
+    if source is not None and (size == 1 or rank < 2 * (size - power)):
+        np.copyto(buf, source)
+        source = None
     if size == 1:
         return
-    power, new_rank = fold_to_power_of_two(rank, size)
     if _fold_in(channel, buf, op, new_rank):
         starts = bounds(buf.shape[0], power)
         low, high = 0, power          # the blocks I am still responsible for
@@ -118,9 +126,14 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op) -> None:
             lower, upper = (low, middle), (middle, high)
             keep, give = (lower, upper) if new_rank & mask == 0 else (upper, lower)
             # send the half my partner keeps; fold its copy of my half into mine
-            channel.wait(channel.send(buf[starts[give[0]]:starts[give[1]]], partner),
-                         channel.recv_reduce(buf[starts[keep[0]]:starts[keep[1]]], partner,
-                                             op.into_right if partner < rank else op.into_left))
+            held = buf if source is None else source
+            if source is None:
+                reducer = op.into_right if partner < rank else op.into_left
+            else:
+                reducer = op.from_source(source[starts[keep[0]]:starts[keep[1]]], lower=partner < rank)
+            channel.wait(channel.send(held[starts[give[0]]:starts[give[1]]], partner),
+                         channel.recv_reduce(buf[starts[keep[0]]:starts[keep[1]]], partner, reducer))
+            source = None   # my half of buf now holds my input reduced with my partner's
             low, high = keep
             mask <<= 1
         # then retrace the steps in reverse, swapping finished ranges to double what both hold

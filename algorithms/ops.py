@@ -56,8 +56,10 @@ class Op:
             return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
         self.combine(accumulator, incoming, accumulator)
 
-    def from_source(self, source: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
-        """A reducer writing `source ∘ incoming` into the receive buffer (incoming from higher ranks).
+    def from_source(self, source: np.ndarray,
+                    lower: bool = False) -> Callable[[np.ndarray, np.ndarray], None]:
+        """A reducer writing `source ∘ incoming` into the receive buffer (`incoming ∘ source` when
+        `lower`: the incoming data is from lower ranks).
 
         Transports hand a receive's data to its reducer once, in order, piece by piece, so the
         reducer keeps its place in `source`: the fused receive-reduce-copy of NCCL's primitives,
@@ -68,9 +70,12 @@ class Op:
         def reduce(accumulator: np.ndarray, incoming: np.ndarray) -> None:
             nonlocal position
             start, position = position, position + accumulator.shape[0]
-            if faults.ACTIVE and "op_order" in faults.ACTIVE:   # planted fault: operands swapped
-                return self.combine(incoming, source[start:position], accumulator)
-            self.combine(source[start:position], incoming, accumulator)
+            mine = source[start:position]
+            swapped = faults.ACTIVE and "op_order" in faults.ACTIVE and not lower   # planted fault
+            if lower or swapped:
+                self.combine(incoming, mine, accumulator)
+            else:
+                self.combine(mine, incoming, accumulator)
 
         return reduce
 
