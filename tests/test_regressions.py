@@ -38,3 +38,28 @@ def test_all_gather_from_a_block_of_out(size, algorithm):
     want = np.array([[r, -r] for r in range(size)])
     for got in colls.spawn(body, size, transport="local"):
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+def test_all_reduce_reading_its_input_in_place_leaves_it_alone(size, algorithm):
+    """The ring and Rabenseifner read x where it lies (no copy into out first): x must come out
+    untouched and every element of out written (it starts as NaN); an asynchronous call still
+    copies x at issue, so changing x afterwards changes nothing. (Rank order through the fused
+    reduction: test_catalogue's matrix operator, whose calls are out of place.)"""
+    count = 1000 + size   # blocks of unequal length
+
+    def body(comm):
+        x = np.arange(count, dtype=np.float64) + 1000 * comm.rank
+        before = x.copy()
+        out = np.full(count, np.nan)
+        comm.all_reduce(x, out=out, algorithm=algorithm)
+        late = np.ones(count)
+        work = comm.all_reduce(late, out=np.empty(count), algorithm=algorithm, async_op=True)
+        late[:] = -5.0   # after issue: must not show
+        return np.array_equal(x, before), out, work.wait()
+
+    want = sum(np.arange(count, dtype=np.float64) + 1000 * r for r in range(size))
+    for untouched, out, late in colls.spawn(body, size, transport="local"):
+        assert untouched and np.array_equal(out, want)
+        assert np.array_equal(late, np.full(count, float(size)))
