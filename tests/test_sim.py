@@ -255,3 +255,14 @@ def test_simulation_speed_small():
 def test_simulation_speed_1024_ranks(algorithm, nbytes):
     result = simulate("all_reduce", algorithm, nbytes, IdealNetwork(1024, ALPHA, BETA), 1024, GAMMA)
     assert result.wall_seconds <= 60
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.environ.get("COLLS_SIM_SPEED") != "1", reason="speed check: COLLS_SIM_SPEED=1")
+def test_simulation_speed_8192_ranks_hierarchical():
+    """The issue's bar: 8192 ranks, 8 per node, in 10 minutes. Across the 1024 nodes Rabenseifner
+    (2 log2 1024 messages per rank); a ring there sends 2 x 1023 per rank, ~17 M in all."""
+    cluster = Cluster(nodes=1024, nodes_per_leaf=16)
+    result = simulate_hierarchical(1 << 30, cluster.network(), cluster.size, 8, "rabenseifner", cluster.gamma)
+    assert result.wall_seconds <= 600 and result.seconds > 0
