@@ -111,8 +111,10 @@ def _slowdown(args: argparse.Namespace) -> dict[int, float] | None:
 
 def every_algorithm(collective: str, nbytes: int, cluster: Cluster, slowdown=None):
     """Simulated results of every flat algorithm and (all_reduce) every hierarchical composition."""
+    # the registered "hierarchical" needs levels, so it runs below as each composition across nodes
+    flat = [name for name in names(collective) if name != "hierarchical"]
     results = [simulate(collective, name, nbytes, cluster.network(), cluster.size, cluster.gamma,
-                        slowdown=slowdown) for name in names(collective)]
+                        slowdown=slowdown) for name in flat]
     if collective == "all_reduce" and cluster.nodes > 1 and cluster.ranks_per_node > 1:
         results += [simulate_hierarchical(nbytes, cluster.network(), cluster.size, cluster.ranks_per_node,
                                           inter, cluster.gamma, slowdown) for inter in HIERARCHICAL_INTER]
