@@ -9,7 +9,9 @@ network once per host rather than once per rank:
 - all_reduce: reduce-scatter inside the host, all-reduce of each shard across hosts (every local
   rank drives its own shard, so all of a host's links work at once), all-gather inside the host;
   small buffers, and hosts of unequal size, go through one leader per host instead.
-- broadcast: across hosts among the ranks with the root's local index, then inside every host.
+- broadcast: the root scatters the buffer over its host's ranks, each carries its block to every
+  host (all NICs at once), and each host all-gathers the blocks; small buffers cross whole, from
+  the ranks with the root's local index.
 - all_to_all: inside the host, regroup blocks by the local index of their destination; then across
   hosts, one message per host pair carrying the blocks of every local rank (Tutel's 2D all-to-all).
 
@@ -221,12 +223,26 @@ def all_reduce(channel: Channel, buf: np.ndarray, op: Op) -> None:
 
 
 @register("broadcast", "hierarchical",
-          "across hosts among the ranks with the root's local index, then inside every host")
+          "scatter in the root's host, each local rank carries its block across hosts, all-gather inside")
 def broadcast(channel: Channel, buf: np.ndarray, root: int) -> None:
-    """Two-level broadcast in place: the buffer crosses the network once per host."""
+    """Two-level broadcast in place: the buffer crosses the network once per host, in as many
+    blocks as a host has ranks, so that every NIC carries one (small buffers go whole)."""
     view = _view(channel)
-    layout = view.layout
+    layout, local = view.layout, view.local
     root_host, root_index = layout.hosts[root], layout.local_index(root)
+    if layout.regular and buf.nbytes >= LEADER_BYTES and buf.shape[0] >= local.size:
+        starts = bounds(buf.shape[0], local.size)
+        mine = buf[starts[view.index]:starts[view.index + 1]]
+        if view.host == root_host:
+            # 1. in the root's host, the root hands local rank i block i
+            if view.index == root_index:
+                local.wait(*[local.send(buf[starts[i]:starts[i + 1]], i)
+                             for i in range(local.size) if i != root_index])
+            else:
+                local.wait(local.recv(mine, root_index))
+        _run(view, "cross", "broadcast", mine.nbytes, mine, root_host)   # 2. block i to every host
+        ring_all_gather_phase(local, buf, starts)                        # 3. and around each host
+        return
     if len(layout.cross_members(root_index)) == len(layout.members):
         # every host has a rank at the root's local index: those carry it across, then inside
         if view.index == root_index:

@@ -15,7 +15,9 @@ from .simulate import simulate, simulate_hierarchical
 from .topology import GB, Cluster
 from .training import StepPlan, Training, compare_placements, plan_step
 
-HIERARCHICAL_INTER = ("ring", "rabenseifner", "tree", "recursive_doubling")
+# what runs across nodes in each hierarchical composition colls plan lists
+HIERARCHICAL_INTER = {"all_reduce": ("ring", "rabenseifner", "tree", "recursive_doubling"),
+                      "broadcast": ("binomial", "pipeline", "scatter_allgather")}
 
 
 def parse_bytes(text: str) -> int:
@@ -110,14 +112,16 @@ def _slowdown(args: argparse.Namespace) -> dict[int, float] | None:
 
 
 def every_algorithm(collective: str, nbytes: int, cluster: Cluster, slowdown=None):
-    """Simulated results of every flat algorithm and (all_reduce) every hierarchical composition."""
+    """Simulated results of every flat algorithm and (all_reduce, broadcast) every hierarchical
+    composition; hierarchical all_to_all is not simulated (its regrouping needs real buffers)."""
     # the registered "hierarchical" needs levels, so it runs below as each composition across nodes
     flat = [name for name in names(collective) if name != "hierarchical"]
     results = [simulate(collective, name, nbytes, cluster.network(), cluster.size, cluster.gamma,
                         slowdown=slowdown) for name in flat]
-    if collective == "all_reduce" and cluster.nodes > 1 and cluster.ranks_per_node > 1:
+    if collective in HIERARCHICAL_INTER and cluster.nodes > 1 and cluster.ranks_per_node > 1:
         results += [simulate_hierarchical(nbytes, cluster.network(), cluster.size, cluster.ranks_per_node,
-                                          inter, cluster.gamma, slowdown) for inter in HIERARCHICAL_INTER]
+                                          inter, cluster.gamma, slowdown, collective)
+                    for inter in HIERARCHICAL_INTER[collective]]
     return results
 
 

@@ -93,21 +93,22 @@ def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbyt
 
 
 def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: int,
-                            inter_algorithm: str = "ring", dtype=np.float32) -> int:
+                            inter_algorithm: str = "ring", dtype=np.float32,
+                            collective: str = "all_reduce") -> int:
     """The registered hierarchical all-reduce (reduce-scatter in the node, all-reduce of the shard
-    across nodes with `inter_algorithm`, all-gather in the node) over sim sub-groups of nodes of
-    `local_size` consecutive ranks; returns the bytes this rank sent."""
+    across nodes with `inter_algorithm`, all-gather in the node), or broadcast, over sim sub-groups
+    of nodes of `local_size` consecutive ranks; returns the bytes this rank sent."""
     size = transport.size
     layout = Layout(tuple(rank // local_size for rank in range(size)))
     node = layout.members[layout.hosts[transport.rank]]
     intra = transport.subgroup(node, None)
     inter = transport.subgroup(layout.cross_members(layout.local_index(transport.rank)), None)
 
-    def choose(level: str, collective: str, nbytes: int) -> str:
-        return inter_algorithm if level == "cross" else "binomial"   # the leaders' reduce, broadcast
+    def choose(level: str, step: str, nbytes: int) -> str:
+        return inter_algorithm if level == "cross" else "binomial"   # inside: reduce, broadcast
 
     transport.levels = Levels(layout, intra, inter, choose)
-    return run_algorithm(transport, "all_reduce", "hierarchical", nbytes, dtype)
+    return run_algorithm(transport, collective, "hierarchical", nbytes, dtype)
 
 
 def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,
@@ -139,13 +140,16 @@ def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, g
 
 
 def simulate_hierarchical(nbytes: int, network, size: int, local_size: int, inter_algorithm: str = "ring",
-                          gamma: float = 0.0, slowdown: dict[int, float] | None = None) -> Result:
-    """Predicted time of one hierarchical all-reduce of `nbytes` on `size` ranks, `local_size` a node."""
+                          gamma: float = 0.0, slowdown: dict[int, float] | None = None,
+                          collective: str = "all_reduce") -> Result:
+    """Predicted time of one hierarchical all-reduce (or broadcast) of `nbytes` on `size` ranks,
+    `local_size` a node, `inter_algorithm` across nodes."""
     if size % local_size:
         raise ValueError(f"{size} ranks do not split into nodes of {local_size}")
 
     def body(transport: SimTransport) -> int:
-        return hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm)
+        return hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm,
+                                       collective=collective)
 
     return run_world(size, network, body, gamma, slowdown=slowdown,
-                     what=("all_reduce", f"hierarchical/{inter_algorithm}", nbytes))
+                     what=(collective, f"hierarchical/{inter_algorithm}", nbytes))
