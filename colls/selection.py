@@ -81,7 +81,8 @@ class Explanation:
                  f"{self.chosen} ({self.reason})"]
         for name, seconds in sorted(self.predicted.items(), key=lambda item: item[1]):
             mark = "*" if name == self.chosen else " "
-            lines.append(f" {mark} {name:<20} {seconds * 1e6:12.1f} us")
+            cost = f"{seconds * 1e6:12.1f} us" if seconds != float("inf") else "    (no model)"
+            lines.append(f" {mark} {name:<20} {cost}")
         return "\n".join(lines)
 
 
