@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from algorithms.cost import Machine
+from algorithms.ops import SUM
 from transports.base import Backoff
 
 from .communicator import Communicator
@@ -96,14 +97,18 @@ def pair_one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
     return statistics.median(slowest(comm, times))
 
 
-def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float:
+def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written: bool = False) -> float:
     """Median time, the slower rank's, of one `nbytes` message from rank 0 to rank 1 of a two-rank
     `pair` started right after a barrier (as `colls bench` times a call): the receiver is still
-    polling when it comes, so no wake-up is in it."""
+    polling when it comes, so no wake-up is in it. `written`: the sender writes its buffer again
+    before each barrier (as an algorithm sends what it just reduced or received: the lines are
+    dirty in the sender's cache when the receiver reads them)."""
     buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
     channel = pair.channel("colls tune after barrier", timeout=120)
     times = []
     for _ in range(rounds):
+        if written and pair.rank == 0:
+            buf.fill(1)
         pair.barrier()
         start = time.perf_counter()
         if pair.rank == 0:
@@ -114,18 +119,27 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int) -> float
     return statistics.median(slowest(pair, times))
 
 
-def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES) -> float:
+def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
+                     reduce: bool = False) -> float:
     """Median time, the slower rank's, of both ranks of a two-rank `pair` posting an `nbytes`
     receive and send to each other right after a barrier and waiting for both: beside one message
     (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
-    two cross-memory-attach reads at once cost (large: they slow each other down)."""
+    two cross-memory-attach reads at once cost (large: they slow each other down); `written`: each
+    rank writes its send buffer again before the barrier (see `after_barrier_seconds`); `reduce`:
+    the receive is a float32 sum into the buffer (`recv_reduce`, as the all-reduces post theirs)."""
     buf, incoming = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
     channel = pair.channel("colls tune exchange", timeout=120)
+    reducer = SUM.into_right
     times = []
     for _ in range(rounds):
+        if written:
+            buf.fill(1)
         pair.barrier()
         start = time.perf_counter()
-        receive = channel.recv(incoming, 1 - pair.rank)
+        if reduce:
+            receive = channel.recv_reduce(incoming.view(np.float32), 1 - pair.rank, reducer)
+        else:
+            receive = channel.recv(incoming, 1 - pair.rank)
         channel.wait(channel.send(buf, 1 - pair.rank), receive)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
@@ -249,6 +263,8 @@ def profile(comm: Communicator) -> dict:
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
     exchange: dict[str, float] = {}
+    written: dict[str, float] = {}
+    exchange_written: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
         before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
@@ -258,21 +274,30 @@ def profile(comm: Communicator) -> dict:
         after = {n: after_barrier_seconds(pair, n, rounds[n]) for n in PROFILE_MESSAGE_BYTES}
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
-        post = max(0.0, exchange_seconds(pair, 2000) - after[SMALL_BYTES])
+        exchange_small = exchange_seconds(pair, 2000)
+        post = max(0.0, exchange_small - after[SMALL_BYTES])
+        # a reducing receive's software beyond a plain one's (the reducer's call; γ of 8 B is nil)
+        receive_reduce = max(0.0, exchange_seconds(pair, 2000, reduce=True) - exchange_small)
         exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES
                     if n >= 64 << 10}
+        # the same cross-memory-attach sizes from buffers the sender has just written
+        written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
+                   for n in PROFILE_MESSAGE_BYTES if n >= 64 << 10}
+        exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
+                            for n in PROFILE_MESSAGE_BYTES if n >= 64 << 10}
         spin = spin_seconds(pair)
         os.sched_setaffinity(0, before)
-        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post}
+        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
+                 "receive_reduce_s": receive_reduce}
         pair.close()
-    names = ("start_s", "spin_s", "wake_s", "post_s")
+    names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s")
     shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
     work["alloc"] = {str(n): fresh_seconds_per_byte(n) for n in PROFILE_ALLOC_BYTES}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
-            "exchange_s": exchange,
+            "exchange_s": exchange, "message_written_s": written, "exchange_written_s": exchange_written,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"]}

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from colls.plan.calibrate import Profile, SharedMemory, load_profiles, measured_medians, predict
@@ -311,3 +312,62 @@ def test_two_cross_memory_reads_at_once_slow_each_other_as_the_exchange_measured
     assert both == [pytest.approx(10e-6 + 2 * MIB * 1e-10)] * 2
     single = SimWorld(2, SharedMemory(2, profile(), footprint=MIB)).run(exchange)
     assert single == [pytest.approx(alone)] * 2
+
+
+def test_a_message_from_a_buffer_its_sender_wrote_reads_at_the_written_rate():
+    from dataclasses import replace
+
+    from transports.sim import SimWorld, symbolic
+
+    # one clean 1 MiB message: 10 us + 0.1 ns/B; from a buffer the sender just wrote: 0.3 ns/B
+    machine = replace(profile(), written=((64 * KIB, 10e-6 + 64 * KIB * 3e-10), (MIB, 10e-6 + MIB * 3e-10)))
+    assert machine.written_slowdown(MIB) == pytest.approx(3.0)
+    assert profile().written_slowdown(MIB) == 1.0 and not SharedMemory(2, profile()).tracks_writes
+
+    def send(write: str):
+        def body(transport):
+            buf = symbolic(MIB, np.uint8)
+            if transport.rank == 0:
+                if write == "copy":
+                    np.copyto(buf, symbolic(MIB, np.uint8))   # rank 0 writes what it sends
+                elif write == "receive":   # or receives into it first (a relay, as a tree's)
+                    transport.wait_all([transport.irecv(buf, 1, 1)], float("inf"))
+                transport.wait_all([transport.isend(buf, 1, 0)], float("inf"))
+            else:
+                if write == "receive":
+                    transport.wait_all([transport.isend(symbolic(MIB, np.uint8), 0, 1)], float("inf"))
+                start = transport.clock
+                transport.wait_all([transport.irecv(buf, 0, 0)], float("inf"))
+                return transport.clock - start
+            return 0.0
+        return SimWorld(2, SharedMemory(2, machine, footprint=MIB)).run(body)[1]
+
+    assert send("none") == pytest.approx(10e-6 + MIB * 1e-10)
+    assert send("copy") == pytest.approx(10e-6 + MIB * 3e-10)
+    assert send("receive") == pytest.approx(10e-6 + MIB * 3e-10)
+
+
+def test_a_reducing_receive_pays_its_call_beyond_gamma():
+    from dataclasses import replace
+
+    reducing = replace(profile(), receive_reduce=2e-6)
+    # recursive doubling at 2 ranks: one reducing receive; a broadcast has none
+    assert predict("all_reduce", "recursive_doubling", 2, KIB, reducing) == \
+        pytest.approx(predict("all_reduce", "recursive_doubling", 2, KIB, profile()) + 2e-6, rel=1e-9)
+    assert predict("broadcast", "binomial", 2, KIB, reducing) == \
+        pytest.approx(predict("broadcast", "binomial", 2, KIB, profile()), rel=1e-9)
+
+
+def test_profiles_read_the_written_and_reducing_measurements(tmp_path):
+    entry = {"ranks": 2, "cores": 2, "start_s": 0.0, "call_s": {}, "message_s": {"8": 5e-6, "65536": 1e-5},
+             "reduce_s_per_byte": {"1024": 1e-10}, "copy_s_per_byte": {"1024": 1e-10},
+             "message_written_s": {"65536": 2e-5}, "exchange_written_s": {"65536": 3e-5},
+             "receive_reduce_s": 7e-7}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(entry))
+    machine = load_profiles([str(path)])[2]
+    assert machine.written == ((64 * KIB, 2e-5),) and machine.exchange_written == ((64 * KIB, 3e-5),)
+    assert machine.receive_reduce == pytest.approx(7e-7)
+    del entry["receive_reduce_s"], entry["message_written_s"]
+    path.write_text(json.dumps(entry))
+    assert load_profiles([str(path)])[2].receive_reduce == 0.0 and load_profiles([str(path)])[2].written == ()

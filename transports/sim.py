@@ -57,11 +57,14 @@ class SymbolicArray(np.ndarray):
         # an Op combining two buffers: charge γ per byte of the result, compute nothing
         target = out[0] if out else next(x for x in inputs if isinstance(x, SymbolicArray))
         _charge(target.nbytes, "gamma")
+        if out:
+            _written(target)
         return target if out else symbolic(target.size, target.dtype).reshape(target.shape)
 
     def __array_function__(self, func, types, args, kwargs):
         if func is np.copyto:
             _charge(args[0].nbytes, "copy")
+            _written(args[0])
             return None
         if func in _LIKE:
             prototype = args[0]
@@ -76,6 +79,7 @@ class SymbolicArray(np.ndarray):
 
     def __setitem__(self, key, value) -> None:
         _charge(getattr(value, "nbytes", 0), "copy")   # nothing to write into
+        _written(self)
 
     def copy(self, order="C") -> SymbolicArray:  # noqa: ARG002 - numpy's signature
         """Another symbolic buffer of the same shape (no data to copy)."""
@@ -109,6 +113,22 @@ def _charge(nbytes: int, kind: str) -> None:
         else:
             rate = world.gamma if kind == "gamma" else world.copy_seconds_per_byte
         rank.clock = max(rank.clock, world.now) + nbytes * rate * rank.slowdown
+
+
+def _root(buf: np.ndarray) -> np.ndarray:
+    """The array that owns `buf`'s memory (every view of one buffer has the same root)."""
+    while isinstance(buf.base, np.ndarray):
+        buf = buf.base
+    return buf
+
+
+def _written(buf: np.ndarray) -> None:
+    """The running rank has written `buf` in this run (a network with `tracks_writes` routes a
+    message from a buffer its sender wrote apart: the receiver reads lines dirty in another cache)."""
+    rank = _RUNNING[0]
+    if rank is not None and rank.world.written is not None:
+        root = _root(buf)
+        rank.world.written[id(root)] = root
 
 
 # -- the network: links, routes, flows ----------------------------------------------------------
@@ -367,10 +387,15 @@ class SimWorld:
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
         self._pulls: list[float] = []   # when the pulls (copies by receivers) in progress end
+        # buffers written in this run (reduced into, copied into, received into), by their root's
+        # id, when the network routes messages from written buffers apart (`route_for(..., written)`)
+        self.written: dict[int, np.ndarray] | None = {} if getattr(network, "tracks_writes", False) else None
         # what the network says of its machine beyond links: a cost per byte of a new buffer (by
         # size; page faults of a fresh mapping), software per posted message, fewer cores than ranks
         self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
         self.post_seconds = getattr(network, "post_seconds", 0.0)   # a rank's own work per send/receive
+        # and per reducing receive, beyond γ per byte (the reducer's call)
+        self.receive_reduce_seconds = getattr(network, "receive_reduce_seconds", 0.0)
         sharing = getattr(network, "time_sharing", None)
         self._cores = _Cores(sharing) if sharing is not None and sharing.cores < size else None
         self.failure: BaseException | None = None
@@ -490,14 +515,18 @@ class SimWorld:
 
     # -- messages --------------------------------------------------------------------------------
 
-    def route(self, src: int, dst: int, nbytes: int = 0) -> Route:
+    def route(self, src: int, dst: int, nbytes: int = 0, written: bool = False) -> Route:
         """The (cached) route from world rank `src` to `dst`; a network with `route_for(src, dst,
-        nbytes)` (protocols chosen by message size, as shared memory's) routes each size apart."""
+        nbytes)` (protocols chosen by message size, as shared memory's) routes each size apart, and
+        one that `tracks_writes` also a message from a buffer its sender wrote in this run."""
         sized = getattr(self.network, "route_for", None)
-        key = (src, dst) if sized is None else (src, dst, nbytes)
+        key = (src, dst) if sized is None else (src, dst, nbytes, written)
         route = self._routes.get(key)
         if route is None:
-            route = self.network.route(src, dst) if sized is None else sized(src, dst, nbytes)
+            if sized is None:
+                route = self.network.route(src, dst)
+            else:
+                route = sized(src, dst, nbytes, written) if written else sized(src, dst, nbytes)
             self._routes[key] = route
         return route
 
@@ -583,7 +612,8 @@ class SimWorld:
         """The message has arrived and its receive is posted: complete the receive (γ later if reducing)."""
         recv = message.recv
         done = max(message.arrived, recv.posted)
-        reducing = recv.nbytes * self.gamma * recv.owner.slowdown if recv.reducer is not None else 0.0
+        reducing = ((recv.nbytes * self.gamma + self.receive_reduce_seconds) * recv.owner.slowdown
+                    if recv.reducer is not None else 0.0)
         route = message.route
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
@@ -667,7 +697,9 @@ class SimTransport(Transport):
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
         receiver = world.ranks[self.group.world_ranks[peer]]
-        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank, buf.nbytes)
+        written = world.written is not None and id(_root(buf)) in world.written
+        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
+                                                                          buf.nbytes, written)
         message = _Message(request, route, data, me)
         key = (self.group.id, self.rank, tag)
         waiting = receiver.unmatched_recvs.get(key)
@@ -690,6 +722,8 @@ class SimTransport(Transport):
 
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> Request:
         me = self.me
+        if self.world.written is not None:
+            _written(buf)   # what arrives is written into it by this rank
         me.clock = max(me.clock, self.world.now) + self.world.post_seconds * me.slowdown
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
         key = (self.group.id, peer, tag)

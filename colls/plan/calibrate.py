@@ -75,6 +75,10 @@ class Profile:
     alloc: tuple[tuple[int, float], ...] = ((1, 0.0),)
     post: float = 0.0
     exchange: tuple[tuple[int, float], ...] = ()   # (bytes, seconds of two cross-memory reads at once)
+    # the same two, from send buffers the sender has just written (dirty in its cache)
+    written: tuple[tuple[int, float], ...] = ()
+    exchange_written: tuple[tuple[int, float], ...] = ()
+    receive_reduce: float = 0.0   # a reducing receive's software beyond a plain receive's
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -101,7 +105,13 @@ class Profile:
                    combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes(),
                    median_table("alloc_s_per_byte") if all("alloc_s_per_byte" in e for e in entries)
                    else ((1, 0.0),), combine([entry.get("post_s", 0.0) for entry in entries]),
-                   median_table("exchange_s") if all(e.get("exchange_s") for e in entries) else ())
+                   median_table("exchange_s") if all(e.get("exchange_s") for e in entries) else (),
+                   median_table("message_written_s") if all(e.get("message_written_s") for e in entries)
+                   else (),
+                   median_table("exchange_written_s") if all(e.get("exchange_written_s") for e in entries)
+                   else (),
+                   combine([e["receive_reduce_s"] for e in entries])
+                   if all("receive_reduce_s" in e for e in entries) else 0.0)
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -123,11 +133,27 @@ class Profile:
     def contention(self, nbytes: int) -> float:
         """How much slower per byte a cross-memory read of `nbytes` is while another runs: from the
         exchange of that size (each rank posts, then reads while the other reads), at least 1."""
+        return self._slower(self.exchange, nbytes, self.post)
+
+    def written_slowdown(self, nbytes: int) -> float:
+        """How much slower per byte a cross-memory read of `nbytes` is from a buffer its sender has
+        just written (one message of a written buffer beside a clean one), at least 1."""
+        return self._slower(self.written, nbytes, 0.0)
+
+    def written_contention(self, nbytes: int) -> float:
+        """The same for a read while another runs (the exchange of written buffers); at least the
+        clean exchange's."""
+        if not self.exchange_written:
+            return self.contention(nbytes)
+        return max(self.contention(nbytes), self._slower(self.exchange_written, nbytes, self.post))
+
+    def _slower(self, table: tuple[tuple[int, float], ...], nbytes: int, post: float) -> float:
+        """Per byte, the times of `table` (less `post` and the message's α) over one clean message's β."""
         ratios = []
-        for size, seconds in self.exchange:
+        for size, seconds in table:
             alpha, beta = self.message_cost(size)
             if beta > 0:
-                ratios.append((size, max(1.0, (seconds - self.post - alpha) / size / beta)))
+                ratios.append((size, max(1.0, (seconds - post - alpha) / size / beta)))
         return _interpolate(ratios, nbytes) if ratios else 1.0
 
     def reduce_seconds_per_byte(self, nbytes: int) -> float:
@@ -158,15 +184,20 @@ class SharedMemory:
         # posting a send or a receive is the rank's own work (a rank that sends and receives at
         # once does both in turn); the rest of a message's α is in the route
         self.post_seconds = profile.post
+        # a message from a buffer its sender wrote in the call (reduced, copied or received into)
+        # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
+        self.tracks_writes = bool(profile.written)
+        self.receive_reduce_seconds = profile.receive_reduce   # each reducing receive's call
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
         return self.route_for(src, dst, 0)
 
-    def route_for(self, src: int, dst: int, nbytes: int) -> Route:
+    def route_for(self, src: int, dst: int, nbytes: int, written: bool = False) -> Route:
         """The FIFO keeps sender and receiver copying, and its send is done once copied in (eager);
         by cross-memory attach the receiver copies, once it has posted its receive and runs (on its
-        own core, so ranks sharing a core take turns), and the send is done when it has."""
+        own core, so ranks sharing a core take turns), and the send is done when it has; slower
+        from a buffer the sender has `written` in this call (its lines dirty in the sender's cache)."""
         alpha, beta = self.profile.message_cost(nbytes)
         alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
         port = f"fifo to {dst}"   # one FIFO per peer: messages to different peers do not queue
@@ -176,6 +207,9 @@ class SharedMemory:
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
         if size > nbytes:
             beta = self.profile.message_cost(size)[1] or beta
+        if written:
+            return Route(alpha, (), port, rendezvous=True, pull=beta * self.profile.written_slowdown(size),
+                         pull_contended=beta * self.profile.written_contention(size))
         return Route(alpha, (), port, rendezvous=True, pull=beta,
                      pull_contended=beta * self.profile.contention(size))
 
