@@ -371,3 +371,47 @@ def test_profiles_read_the_written_and_reducing_measurements(tmp_path):
     del entry["receive_reduce_s"], entry["message_written_s"]
     path.write_text(json.dumps(entry))
     assert load_profiles([str(path)])[2].receive_reduce == 0.0 and load_profiles([str(path)])[2].written == ()
+
+
+def test_placed_ranks_take_only_their_own_core():
+    from types import SimpleNamespace
+
+    from colls.plan.calibrate import placements
+    from transports.sim import _Cores
+
+    # ranks 0 and 1 on core 0, rank 2 on core 1: rank 1 waits for core 0 even while core 1 is idle
+    cores = _Cores(TimeSharing(2, spin=1e-3, wake=5e-5, placement=(0, 0, 1)))
+    a, b, c = (SimpleNamespace(core=None, wake=0.0, rank=r) for r in range(3))
+    assert cores.claim(a, 0.0) and a.core == 0
+    assert not cores.claim(b, 0.0) and cores.next_free(b) == float("inf")
+    assert cores.next_free() == 0.0                       # core 1 is idle, but not rank 1's
+    assert cores.claim(c, 0.0) and c.core == 1
+    cores.release(a, 1e-4)
+    assert cores.next_free(b) == pytest.approx(1.1e-3) and cores.claim(b, 1.1e-3) and b.wake == 5e-5
+    # every even way to deal 4 ranks to 2 cores, each once (cores are not told apart)
+    assert placements(4, 2) == [(0, 0, 1, 1), (0, 1, 0, 1), (0, 1, 1, 0)]
+    assert len(placements(6, 3)) == 15 and placements(2, 2) == [(0, 1)]
+
+
+def test_more_ranks_than_cores_predict_the_median_over_placements():
+    import statistics
+    from dataclasses import replace
+
+    from colls.plan.calibrate import placements
+    from colls.plan.simulate import run_algorithm
+
+    machine = profile(4, 2, spin=2e-5, wake=2e-5)
+
+    def body(transport):   # as predict's: the call's software and start, then the algorithm
+        transport.elapse(6e-6 + 2e-6)
+        return run_algorithm(transport, "broadcast", "pipeline", MIB)
+
+    times = []
+    for placement in placements(4, 2):
+        network = SharedMemory(4, machine, footprint=MIB)
+        network.time_sharing = replace(network.time_sharing, placement=placement)
+        times.append(run_world(4, network, body, machine.reduce_seconds_per_byte(MIB),
+                               machine.copy_seconds_per_byte(MIB)).seconds)
+    assert predict("broadcast", "pipeline", 4, MIB, machine) == pytest.approx(statistics.median(times))
+    # on 4 cores nothing is shared: faster than any placement on 2
+    assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4) < min(times)

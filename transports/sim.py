@@ -321,6 +321,9 @@ class TimeSharing:
     cores: int
     spin: float
     wake: float
+    # each rank's core (None: any rank takes any free core): the kernel keeps a runnable process on
+    # its core's run queue, and one that yields there hands the core only to the ranks queued on it
+    placement: tuple[int, ...] | None = None
 
 
 class _Cores:
@@ -338,7 +341,8 @@ class _Cores:
         if core is not None and self.owner[core] is rank and now <= self.free[core]:
             self.free[core] = math.inf
             return True
-        core = min(range(len(self.free)), key=self.free.__getitem__)
+        placement = self.sharing.placement
+        core = placement[rank.rank] if placement else min(range(len(self.free)), key=self.free.__getitem__)
         if self.free[core] > now:
             return False
         previous = self.owner[core]
@@ -348,9 +352,11 @@ class _Cores:
         self.owner[core], self.free[core], rank.core = rank, math.inf, core
         return True
 
-    def next_free(self) -> float:
-        """When a core is free next (while every rank that holds one waits or spins)."""
-        return min(self.free)
+    def next_free(self, rank: _Rank | None = None) -> float:
+        """When a core (`rank`'s own, if ranks are placed) is free next (while every rank that holds
+        one waits or spins)."""
+        placement = self.sharing.placement
+        return self.free[placement[rank.rank]] if placement and rank is not None else min(self.free)
 
     def release(self, rank: _Rank, now: float) -> None:
         """`rank` waits (or has returned: `colls bench` then waits at its barrier) from `now`; it
@@ -490,7 +496,7 @@ class SimWorld:
                 rank = self._runnable.popleft()
                 if self._cores is None or self._cores.claim(rank, self.now):
                     return rank
-                self._push(self._cores.next_free(), _CORE_FREE, rank)   # no core for it yet
+                self._push(self._cores.next_free(rank), _CORE_FREE, rank)   # no core for it yet
                 continue
             if events and events[0][0] <= self.now:
                 _, _, kind, what, version = heapq.heappop(events)

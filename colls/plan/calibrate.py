@@ -16,7 +16,9 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   as many ranks working at once as there are cores (the memory bus is shared); a scratch buffer an
   algorithm allocates costs its first touch (page faults when numpy maps a big buffer anew);
 - ranks beyond the cores time-share them: a rank that waits polls `spin`, then yields its core,
-  and one that takes a yielded core back pays `wake` (both measured);
+  and one that takes a yielded core back pays `wake` (both measured); each rank stays on one
+  core's run queue (a yield hands the core only to a rank queued there), and the prediction is the
+  median over the even ways to deal the ranks to the cores;
 - posting a send or a receive costs the posting rank's own CPU (`post`: an 8 B exchange less one
   message), the rest of α is the route's; two cross-memory reads at once run slower per byte, as
   much as an exchange of that size measured;
@@ -29,7 +31,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -249,7 +251,43 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
             transport.elapse(nbytes * copy)
         return run_algorithm(transport, collective, algorithm, nbytes)
 
-    return run_world(ranks, network, body, profile.reduce_seconds_per_byte(nbytes), copy).seconds
+    gamma = profile.reduce_seconds_per_byte(nbytes)
+    cores_used = network.time_sharing.cores
+    per = ranks // cores_used
+    ways = math.factorial(ranks) // (math.factorial(per) ** cores_used * math.factorial(cores_used))
+    if not (cores_used < ranks and ranks % cores_used == 0) or ways > MAX_PLACEMENTS:
+        return run_world(ranks, network, body, gamma, copy).seconds
+    # more ranks than cores: each rank stays on the run queue of one core (the kernel's placement,
+    # as even as it can make it), so the model takes the median over the ways to deal the ranks out
+    times = []
+    for placement in placements(ranks, cores_used):
+        placed = SharedMemory(ranks, profile, cores, nbytes)
+        placed.time_sharing = replace(placed.time_sharing, placement=placement)
+        times.append(run_world(ranks, placed, body, gamma, copy).seconds)
+    return float(np.median(times))
+
+
+MAX_PLACEMENTS = 100   # beyond: every rank takes any free core (no placement)
+
+
+def placements(ranks: int, cores: int) -> list[tuple[int, ...]]:
+    """Every way to put `ranks` ranks on `cores` cores, as many on each, up to renaming the cores."""
+    found = []
+    per = ranks // cores
+
+    def deal(assigned: list[int], counts: list[int]) -> None:
+        if len(assigned) == ranks:
+            found.append(tuple(assigned))
+            return
+        opened = max(assigned, default=-1) + 1   # a new core only in order: no renamings twice
+        for core in range(min(cores, opened + 1)):
+            if counts[core] < per:
+                counts[core] += 1
+                deal(assigned + [core], counts)
+                counts[core] -= 1
+
+    deal([], [0] * cores)
+    return found
 
 
 def load_profiles(paths: list[str], runs: str = "median") -> dict[int, Profile]:
