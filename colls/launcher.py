@@ -258,8 +258,12 @@ def find_mpiexec() -> str | None:
 # (128 + signal) and names it, with auto-cleanup off: the survivors live on to raise PeerLost
 # (transports/mpi.py). The sh ignores the SIGUSR1 that Hydra then sends to every rank (MPICH
 # installs its own handler for it).
-RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && '
-              'echo "colls run: rank $PMI_RANK killed by signal SIG$(kill -l $status)" >&2; exit $status')
+# It also leaves the status in $COLLS_DEATHS/<rank>, so that the launcher can stop survivors that
+# still hang (in MPI_Finalize, waiting for the dead rank) once they have had time to report.
+RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && { '
+              'echo "colls run: rank $PMI_RANK killed by signal SIG$(kill -l $status)" >&2; '
+              'echo $status > "$COLLS_DEATHS/$PMI_RANK"; }; exit $status')
+DEATH_GRACE_S = 10.0   # after a rank's death, how long the survivors get to raise, report and exit
 
 
 def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str], list[str]]:
@@ -287,10 +291,13 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
             count = sum(virtual_host(r, nprocs, hosts) == f"vhost{host}" for r in range(nprocs))
             command += [*([":"] if host else []), "-n", str(count), "-env", "COLLS_HOST", f"vhost{host}",
                         *program]
-    child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi"),
+    deaths = tempfile.mkdtemp(prefix="colls-deaths-")
+    child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi", COLLS_DEATHS=deaths),
                              start_new_session=True)
     try:
-        child.wait(timeout)
+        status = _wait_for_mpiexec(child, timeout, deaths)
+        if status is not None:
+            return status
     except subprocess.TimeoutExpired:
         _note(f"timed out after {timeout:g} s; killing all ranks")
         _signal_group(child, signal.SIGKILL)
@@ -300,6 +307,33 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
         _signal_group(child, signal.SIGTERM)
         child.wait()
         return 130
+    finally:
+        shutil.rmtree(deaths, ignore_errors=True)
     if child.returncode:
         _note(f"mpiexec {describe_exit(child.returncode)}")
     return shell_exit_code(child.returncode)
+
+
+def _wait_for_mpiexec(child: subprocess.Popen, timeout: float | None, deaths: str) -> int | None:
+    """Wait for mpiexec; None once it exits. If a rank dies and the job is still running
+    DEATH_GRACE_S later (a survivor stuck in MPI_Finalize on the dead rank), stop every rank and
+    return the dead rank's status. TimeoutExpired past `timeout`."""
+    limit = None if timeout is None else time.monotonic() + timeout
+    stop_at = None
+    while child.poll() is None:
+        now = time.monotonic()
+        if limit is not None and now >= limit:
+            raise subprocess.TimeoutExpired(child.args, timeout)
+        if stop_at is None and os.listdir(deaths):
+            stop_at = now + DEATH_GRACE_S
+        if stop_at is not None and now >= stop_at:
+            first = sorted(os.listdir(deaths), key=int)[0]
+            with open(os.path.join(deaths, first)) as handle:
+                status = int(handle.read().strip() or 128 + signal.SIGKILL)
+            _note(f"rank {first} died and the job was still running {DEATH_GRACE_S:g} s later; "
+                  f"stopping the ranks left")
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+            return status
+        time.sleep(0.05)
+    return None

@@ -415,6 +415,46 @@ def test_killed_rank_is_named_by_every_survivor_under_colls_run_mpi(tmp_path):
           f"max {max(detections):.2f} s")
 
 
+HANGING_SURVIVOR = """
+import os, signal, time
+import numpy as np, colls
+comm = colls.init()
+if comm.rank == 1:
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    while True:
+        comm.all_reduce(np.ones(1 << 20, np.float32))
+except colls.PeerLost:
+    print(f"rank {comm.rank} raised PeerLost", flush=True)
+    if comm.rank == 0:
+        time.sleep(1000)   # a survivor that never exits (as one stuck in MPI_Finalize would)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_colls_run_mpi_stops_a_survivor_that_hangs_after_a_death(tmp_path):
+    """Once a rank has died, survivors get DEATH_GRACE_S to report and exit; then colls run stops
+    the rest and exits with the dead rank's status, leaving no process."""
+    from colls.launcher import DEATH_GRACE_S
+
+    if not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_SURVIVOR)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "colls.cli", "run", "--transport", "mpi", "-n", "3",
+                           str(script)], capture_output=True, text=True, timeout=80)
+    elapsed = time.monotonic() - start
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr[-2000:]
+    assert "rank 1 killed by signal SIGKILL" in done.stderr and "stopping the ranks left" in done.stderr
+    assert done.stdout.count("raised PeerLost") == 2, done.stdout
+    assert DEATH_GRACE_S <= elapsed < DEATH_GRACE_S + 30, elapsed
+    leftovers = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_killed_rank_under_plain_mpiexec_ends_the_job_and_leaves_nothing(tmp_path):
