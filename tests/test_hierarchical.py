@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 import time
@@ -179,3 +180,45 @@ def test_a_rank_failing_inside_a_hierarchical_call_releases_both_levels(transpor
     assert results[-1][0] == "RuntimeError", results
     assert all(outcome == "CommunicatorAborted" for outcome, _ in results[:-1]), results
     assert max(seconds for _, seconds in results) < 5.0, results   # not the 30 s deadline
+
+
+def _random_calls(comm, seed: int) -> list:
+    """150 hierarchical calls drawn from `seed` (the same on every rank): kind, dtype, count, op,
+    root, in place or not; what differs from numpy."""
+    rng = random.Random(seed)
+    wrong = []
+    for i in range(150):
+        kind = rng.choice(["all_reduce", "broadcast", "all_to_all"])
+        dtype = rng.choice([np.int64, np.float64, np.int32])
+        count = rng.choice([0, 1, 3, 17, 1000, 9000, 20000, 70000])
+        inputs = [((np.arange(count) * (r + 3) + i) % 97).astype(dtype) for r in range(comm.size)]
+        mine = inputs[comm.rank].copy()
+        if kind == "all_reduce":
+            op, fold = rng.choice([(colls.SUM, np.sum), (colls.MAX, np.max), (colls.MIN, np.min)])
+            where = rng.choice(["new", "out", "in place"])
+            out = {"new": None, "out": np.empty_like(mine), "in place": mine}[where]
+            got = comm.all_reduce(mine, op=op, out=out)
+            want = fold(np.stack(inputs), axis=0).astype(dtype) if count else np.zeros(0, dtype)
+            if not np.array_equal(got, want):
+                wrong.append((i, kind, op.name, count, where))
+        elif kind == "broadcast":
+            root = rng.randrange(comm.size)
+            if not np.array_equal(comm.broadcast(mine, root=root), inputs[root]):
+                wrong.append((i, kind, root, count))
+        else:
+            rows = rng.choice([1, 2, 5])
+            blocks = [((np.arange(comm.size * rows * 3) + 1000 * r + i) % 1009).astype(dtype)
+                      .reshape(comm.size * rows, 3) for r in range(comm.size)]
+            want = np.concatenate([b[comm.rank * rows:(comm.rank + 1) * rows] for b in blocks])
+            if not np.array_equal(comm.all_to_all(blocks[comm.rank]), want):
+                wrong.append((i, kind, rows))
+    return wrong
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hosts,transport", [("aabb", "shm"), ("abcabc", "shm"), ("aab", "local"),
+                                             ("abbccc", "local"), ("aaaabbbb", "local")])
+def test_random_hierarchical_programs_match_numpy(hosts, transport):
+    results = colls.spawn(_random_calls, len(hosts), transport=transport, args=(len(hosts) * 7919,),
+                          timeout=100, hosts=list(hosts))
+    assert all(wrong == [] for wrong in results), results
