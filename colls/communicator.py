@@ -112,7 +112,9 @@ class Communicator(Collectives):
         """A call that failed half-way for a reason of this rank's own (a bug, an interrupt, memory)
         leaves its peers waiting for messages that will never come: abort the communicator so that
         they raise `CommunicatorAborted` naming this rank and the error now, not at their deadline.
-        Errors the peers see for themselves (timeouts, lost peers, aborts, mismatches) abort nothing."""
+        Errors the peers see for themselves (timeouts, lost peers, aborts, mismatches) abort nothing,
+        except in a hierarchical call: there any error but a mismatch or a bad argument aborts both
+        levels, so that ranks blocked on the level this rank is not on are released too."""
         first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
         reason = f"rank {self.rank} failed in {self.name} {description.label()} ({first})"
         if (description.algorithm == "hierarchical" and self._levels is not None
