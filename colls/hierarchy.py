@@ -58,6 +58,7 @@ def build_levels(comm: Communicator, shm_inside: bool) -> Levels:
         local = world.subgroup(host, comm._exchange)
     cross = world.subgroup(across, comm._exchange)
     assert local is not None and cross is not None
+    local.watched = cross.watched = world   # an abort of the whole group ends waits on either level
     selectors = {"local": _selector(local), "cross": _selector(cross)}
 
     def choose(level: str, collective: str, nbytes: int) -> str:

@@ -98,6 +98,10 @@ class Transport(ABC):
         self.aborted = reason
 
     aborted: str | None = None
+    # Another transport whose abort also ends waits on this one: a level of a hierarchical
+    # communicator watches the whole group's transport, so that a rank that finished setting up
+    # the levels is released even when the peer it waits for failed before it had any.
+    watched: Transport | None = None
     # Set by the communicator when its ranks span hosts: the two-level transports that
     # `algorithms.hierarchical` composes (an `algorithms.hierarchical.Levels`).
     levels = None
@@ -106,6 +110,8 @@ class Transport(ABC):
         """Raise `CommunicatorAborted` if this rank or (where the transport can tell) a peer aborted."""
         if self.aborted is not None:
             raise CommunicatorAborted(f"rank {self.rank}: {self.aborted}")
+        if self.watched is not None:
+            self.watched.check_aborted()
 
     @property
     def one_sided(self) -> bool:

@@ -117,8 +117,7 @@ class LocalTransport(Transport):
                     if not r.done and r.peer in world.lost:
                         raise PeerLost(f"rank {r.peer} is gone ({world.lost[r.peer]}); "
                                        f"rank {self.rank} was waiting for its {r!r}", r.peer)
-                if world.aborted is not None:
-                    raise CommunicatorAborted(f"rank {self.rank}: {world.aborted}")
+                self.check_aborted()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise timeout_error(requests, deadline)
@@ -138,6 +137,12 @@ class LocalTransport(Transport):
                 _deliver(send, recv, src, self.rank)
                 moved = True
         return moved
+
+    def check_aborted(self) -> None:
+        if self.world.aborted is not None:
+            raise CommunicatorAborted(f"rank {self.rank}: {self.world.aborted}")
+        if self.watched is not None:
+            self.watched.check_aborted()
 
     def abort(self, reason: str) -> None:
         with self.world.cond:

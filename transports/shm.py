@@ -406,6 +406,8 @@ class ShmTransport(Transport):
             page = self.peers[aborter].array[ABORT_REASON_OFFSET:HEADER_PAGE]
             reason = page.tobytes().split(b"\0", 1)[0].decode(errors="replace")
             raise CommunicatorAborted(f"rank {self.rank}: {reason or f'aborted by rank {aborter}'}")
+        if self.watched is not None:
+            self.watched.check_aborted()
 
     def _check_alive(self, requests: Sequence[Request]) -> None:
         """PeerLost if a rank I wait for has died, or if a peer already found one dead.
