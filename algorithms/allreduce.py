@@ -92,8 +92,8 @@ def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
             partner = unfold_rank(new_rank ^ mask, size)
             # swap whole partial results with the partner; both compute lower ∘ higher
             np.copyto(scratch, buf)
-            channel.wait(channel.send(scratch, partner),
-                         channel.recv_reduce(buf, partner, op.into_right if partner < rank else op.into_left))
+            fold = op.into_right if partner < rank else op.into_left
+            channel.exchange(scratch, partner, buf, partner, fold)
             mask <<= 1
     _fold_out(channel, buf, new_rank)
 

@@ -28,19 +28,6 @@ def default_timeout() -> float:
     return float(os.environ.get("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
-class _Label:
-    """A call's name for error messages, formatted only if an error needs it."""
-
-    __slots__ = ("group", "description")
-
-    def __init__(self, group: str, description: Description) -> None:
-        self.group = group
-        self.description = description
-
-    def __str__(self) -> str:
-        return f"{self.group} {self.description.label()}"
-
-
 class Communicator(Collectives):
     """A group of `size` ranks; this object is rank `rank`'s end of it."""
 
@@ -78,19 +65,17 @@ class Communicator(Collectives):
             self._build_levels()   # collective: every rank makes its first hierarchical call here
         seq = self._seq
         self._seq += 1   # the collective's tag: the same on every rank, as every rank makes the call
-        description = Description(collective, x.dtype if x is not None else None,
-                                  x.size if x is not None else 0, root,
-                                  getattr(op, "name", None), algorithm, seq - self._hidden)
-        limit = self.timeout if timeout is None else float(timeout)
+        description = Description(collective, None if x is None else x.dtype, 0 if x is None else x.size,
+                                  root, None if op is None else op.name, algorithm, seq - self._hidden,
+                                  self.name)
+        deadline_s = self.timeout if timeout is None else float(timeout)
         traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
-        call_tag = COLLECTIVE_TAG_BASE + seq
-
-        tracer = self._tracer
+        tracer, transport = self._tracer, self.transport
 
         def job() -> Any:
             traffic.calls += 1
-            channel = Channel(self.transport, call_tag, time.monotonic() + limit,
-                              _Label(self.name, description), traffic)
+            channel = Channel(transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + deadline_s,
+                              description, traffic)
             try:
                 if not tracer.active:
                     return body(channel)

@@ -8,7 +8,6 @@ timeout errors, byte counters and, later, fingerprints that detect mismatched ca
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,17 +18,29 @@ from transports.errors import InvalidArgument
 from .selection import Selector
 
 
-@dataclass(frozen=True)
 class Description:
-    """What one collective call is: kind, element type and count, root, operator, algorithm."""
+    """What one collective call is: kind, element type and count, root, operator, algorithm, its
+    number in the communicator's sequence and the communicator's name. Made on every call, so a
+    plain slotted class (a frozen dataclass costs 0.8 µs to build); read-only by convention."""
 
-    collective: str
-    dtype: np.dtype | None
-    count: int            # elements of this rank's input
-    root: int | None
-    op: str | None
-    algorithm: str
-    seq: int = -1
+    __slots__ = ("collective", "dtype", "count", "root", "op", "algorithm", "seq", "group")
+
+    def __init__(self, collective: str, dtype: np.dtype | None, count: int, root: int | None,
+                 op: str | None, algorithm: str, seq: int = -1, group: str = "") -> None:
+        self.collective = collective
+        self.dtype = dtype
+        self.count = count            # elements of this rank's input
+        self.root = root
+        self.op = op
+        self.algorithm = algorithm
+        self.seq = seq
+        self.group = group
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Description) and all(
+            getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def label(self) -> str:
         """Short text for messages: `all_reduce #3 (ring, 1000 x float32, SUM)`."""
@@ -39,6 +50,13 @@ class Description:
         if self.root is not None:
             parts.append(f"root {self.root}")
         return f"{self.collective} #{self.seq} ({', '.join(parts)})"
+
+    def __str__(self) -> str:
+        """The label behind the communicator's name: what timeout messages name the call by."""
+        return f"{self.group} {self.label()}" if self.group else self.label()
+
+    def __repr__(self) -> str:
+        return f"<Description {self}>"
 
 
 class Validator:

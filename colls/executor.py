@@ -87,9 +87,9 @@ class Executor:
     def run(self, job: Callable[[], Any], description: object, async_op: bool) -> Any:
         """Run `job` now (blocking) or on the worker (async), keeping issue order either way."""
         if not async_op:
-            with self._cond:
-                idle = self._pending == 0
-            if idle:
+            # reading an int needs no lock: work this thread queued keeps it non-zero until done,
+            # and calls made at once from several threads have no order to keep anyway
+            if self._pending == 0:
                 with self._running:
                     return job()
             return self.submit(job, description).wait()

@@ -81,6 +81,18 @@ class Transport(ABC):
         can tell.
         """
 
+    def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
+                 deadline: float, reducer: Reducer | None = None) -> None:
+        """Send `send_buf` to `dst` and receive into `recv_buf` from `src` (combined into it by
+        `reducer` when given), both posted before waiting: MPI_Sendrecv. The buffers are distinct.
+
+        The step of most schedules; a transport may do it faster than a send and a receive apart
+        (shm: a message that fits one slot goes without any request)."""
+        send = self.isend(send_buf, dst, tag)
+        receive = (self.irecv(recv_buf, src, tag) if reducer is None
+                   else self.irecv_reduce(recv_buf, src, tag, reducer))
+        self.wait_all([send, receive], deadline)
+
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
         """A transport for the group `ranks` (this group's ranks, in their new order), or None.
@@ -187,9 +199,20 @@ class Channel:
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 
-    def exchange(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int) -> None:
-        """Send `send_buf` to `dst` and receive `recv_buf` from `src`, both posted before waiting."""
-        self.wait(self.send(send_buf, dst), self.recv(recv_buf, src))
+    def exchange(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int,
+                 reducer: Reducer | None = None) -> None:
+        """Send `send_buf` to `dst` and receive `recv_buf` from `src` (reduced into it by `reducer`
+        when given), both posted before waiting; the buffers must not overlap."""
+        traffic = self.traffic
+        if traffic is not None:
+            traffic.messages_sent[dst] += 1
+            traffic.bytes_sent[dst] += send_buf.nbytes
+            traffic.messages_received[src] += 1
+            traffic.bytes_received[src] += recv_buf.nbytes
+        try:
+            self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
+        except CollectiveTimeout as error:
+            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 
     def _count_received(self, buf: np.ndarray, peer: int) -> None:
         if self.traffic is not None:

@@ -1,0 +1,104 @@
+"""`Transport.sendrecv`, the step most schedules are made of: the shm transport sends a message that
+fits one slot without any request and takes the reply straight out of its slot. These tests hold
+it to the general path's contract: values, message order across tags, late peers, mismatches."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import colls
+from algorithms import SUM
+from transports.base import COLLECTIVE_TAG_BASE
+from transports.shm import fifo_geometry
+
+TAG = COLLECTIVE_TAG_BASE + 7
+CHUNK, _ = fifo_geometry(2)
+
+
+def _pairs(comm, nbytes: int) -> list:
+    """Both ranks swap `nbytes` of int32 by sendrecv, plain and reduced; each returns what it got."""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = nbytes // 4
+    mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    got = np.full(count, -1, np.int32)
+    transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
+    total = mine.copy()
+    transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    return [got.tolist(), total.tolist()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("nbytes", [0, 8, CHUNK, CHUNK + 4, 4 * CHUNK + 4])
+def test_sendrecv_swaps_and_reduces_at_every_size(transport, nbytes):
+    results = colls.spawn(_pairs, 2, transport=transport, args=(nbytes,), timeout=40)
+    count = nbytes // 4
+    for rank, (got, total) in enumerate(results):
+        peer = 1 - rank
+        assert got == (np.arange(count) + 1000 * peer).tolist()
+        assert total == (2 * np.arange(count) + 1000).tolist()
+
+
+def _behind_another_tag(comm):
+    """Rank 1 sends a message with another tag first; rank 0's sendrecv must skip past it (that
+    message waits for its own receive) and the later receive must still get it."""
+    transport = comm.transport
+    deadline = time.monotonic() + 20
+    if comm.rank == 1:
+        early = transport.isend(np.full(2, 7, np.int64), 0, TAG + 1)
+        transport.sendrecv(np.full(2, 5, np.int64), 0, got := np.zeros(2, np.int64), 0, TAG, deadline)
+        transport.wait_all([early], deadline)
+        return got.tolist()
+    time.sleep(0.2)                         # both of rank 1's messages are in my FIFO by now
+    got = np.zeros(2, np.int64)
+    transport.sendrecv(np.full(2, 3, np.int64), 1, got, 1, TAG, deadline)
+    other = np.zeros(2, np.int64)
+    transport.wait_all([transport.irecv(other, 1, TAG + 1)], deadline)
+    return [got.tolist(), other.tolist()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_sendrecv_behind_a_message_with_another_tag(transport):
+    first, second = colls.spawn(_behind_another_tag, 2, transport=transport, timeout=40)
+    assert first == [[5, 5], [7, 7]]
+    assert second == [3, 3]
+
+
+def _late_peer(comm):
+    """Rank 1 answers 0.3 s late: rank 0 gives up its spin, posts a receive and still gets it."""
+    transport, peer = comm.transport, 1 - comm.rank
+    if comm.rank == 1:
+        time.sleep(0.3)
+    got = np.zeros(4, np.float64)
+    start = time.monotonic()
+    transport.sendrecv(np.full(4, comm.rank + 1.0), peer, got, peer, TAG, time.monotonic() + 20)
+    return got.tolist(), time.monotonic() - start
+
+
+@pytest.mark.timeout(60)
+def test_sendrecv_waits_for_a_late_peer():
+    (got0, waited), (got1, _) = colls.spawn(_late_peer, 2, transport="shm", timeout=40)
+    assert got0 == [2.0] * 4 and got1 == [1.0] * 4
+    assert 0.2 < waited < 5
+
+
+def _mismatched(comm):
+    transport, peer = comm.transport, 1 - comm.rank
+    count = 3 if comm.rank else 2
+    try:
+        transport.sendrecv(np.ones(count, np.int32), peer, np.zeros(count, np.int32), peer, TAG,
+                           time.monotonic() + 20)
+    except colls.CollectiveMismatch as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_sendrecv_of_different_sizes_raises_a_mismatch_on_both_ranks():
+    errors = colls.spawn(_mismatched, 2, transport="shm", timeout=40)
+    assert all(error is not None and "B" in error for error in errors), errors
+
