@@ -7,7 +7,7 @@ messages, median of many round trips); γ from timing a numpy reduction of 4 MiB
 `colls run -n N -m colls.tune --profile FILE.json` measures instead what `colls plan calibrate
 --profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
 from 8 B to 64 MiB between two pinned ranks right after a barrier (both shm protocols: the FIFO below
-64 KiB, cross-memory attach above), what the barrier adds to it, the software of one call per
+the rendezvous size, cross-memory attach above), what the barrier adds to it, the software of one call per
 collective (on a one-rank group: no message), what posting a message costs the rank's own CPU
 (an exchange beside one message), numpy's reductions and copies per byte at several
 sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
@@ -268,6 +268,7 @@ def profile(comm: Communicator) -> dict:
     extra: dict[str, float] = {}
     if pair is not None:
         before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
+        cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
         rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
@@ -279,12 +280,12 @@ def profile(comm: Communicator) -> dict:
         # a reducing receive's software beyond a plain one's (the reducer's call; γ of 8 B is nil)
         receive_reduce = max(0.0, exchange_seconds(pair, 2000, reduce=True) - exchange_small)
         exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES
-                    if n >= 64 << 10}
+                    if n >= cma_from}
         # the same cross-memory-attach sizes from buffers the sender has just written
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
-                   for n in PROFILE_MESSAGE_BYTES if n >= 64 << 10}
+                   for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
-                            for n in PROFILE_MESSAGE_BYTES if n >= 64 << 10}
+                            for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
         os.sched_setaffinity(0, before)
         extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,

@@ -40,9 +40,16 @@ REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender'
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
 
 
-def rendezvous_bytes() -> int:
-    """Messages at least this large move by cross-memory attach when every rank can use it."""
-    return int(os.environ.get("COLLS_SHM_CMA_BYTES", str(64 << 10)))
+def rendezvous_bytes(chunk: int, slots: int) -> int:
+    """Messages at least this large move by cross-memory attach when every rank can use it: by
+    default those that would fill the whole FIFO (1 MiB with 4 slots of 256 KiB), at least 64 KiB.
+
+    Below that, copying through the slots wins on this machine even though it copies twice: the
+    two sides pipeline, and a process_vm_readv pins the sender's pages on every call. Measured
+    2026-12-03 (bench/RESULTS.md): with the threshold at 64 KiB a 2-rank all_reduce of 128-512 KiB
+    ran 0.45-0.75x MPICH, at 1 MiB 0.94-1.17x; 4 ranks at 256 KiB 0.29x, at 1 MiB 0.85x."""
+    default = max(64 << 10, chunk * slots)
+    return int(os.environ.get("COLLS_SHM_CMA_BYTES", str(default)))
 
 
 def fifo_geometry(size: int) -> tuple[int, int]:
@@ -170,7 +177,7 @@ class ShmTransport(Transport):
         self.stashed: list[list[_In]] = [[] for _ in range(size)]
         self.active_out: set[int] = set()
         self.active_in: set[int] = set()
-        self.rendezvous_bytes = rendezvous_bytes() if self.cma else 1 << 62
+        self.rendezvous_bytes = rendezvous_bytes(self.chunk, self.slots) if self.cma else 1 << 62
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked

@@ -7,8 +7,9 @@ machine's shared memory whose constants come from a profile that `colls run -n N
 
 - a message costs what one of its size took right after a barrier between two ranks pinned to two
   cores: α(n) and a per-byte cost β(n) read off those times, per protocol, since the shm transport
-  moves a message below 64 KiB through its FIFO (the sender copies in, the receiver copies out) and
-  a larger one by cross-memory attach (the receiver copies straight out of the sender);
+  moves a message below its rendezvous size (the FIFO's capacity) through its FIFO (the sender
+  copies in, the receiver copies out) and a larger one by cross-memory attach (the receiver
+  copies straight out of the sender);
 - those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
   receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
   get half;
@@ -36,7 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from algorithms import lookup
-from transports.shm import rendezvous_bytes
+from transports.shm import fifo_geometry, rendezvous_bytes
 from transports.sim import Link, Route, SimTransport, TimeSharing
 
 from .simulate import run_algorithm, run_world
@@ -98,13 +99,15 @@ class Profile:
                          for size in sizes)
 
         calls = {name for entry in entries for name in entry["call_s"]}
-        return cls(ranks.pop(), int(entries[0]["cores"]), median_table("message_s"),
+        size = ranks.pop()
+        return cls(size, int(entries[0]["cores"]), median_table("message_s"),
                    combine([entry["start_s"] for entry in entries]),
                    {name: combine([e["call_s"][name] for e in entries if name in e["call_s"]])
                     for name in calls},
                    median_table("reduce_s_per_byte"), median_table("copy_s_per_byte"),
                    combine([entry.get("spin_s", 0.0) for entry in entries]),
-                   combine([entry.get("wake_s", 0.0) for entry in entries]), rendezvous_bytes(),
+                   combine([entry.get("wake_s", 0.0) for entry in entries]),
+                   rendezvous_bytes(*fifo_geometry(size)),
                    median_table("alloc_s_per_byte") if all("alloc_s_per_byte" in e for e in entries)
                    else ((1, 0.0),), combine([entry.get("post_s", 0.0) for entry in entries]),
                    median_table("exchange_s") if all(e.get("exchange_s") for e in entries) else (),
