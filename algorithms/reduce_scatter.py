@@ -34,7 +34,7 @@ def ring_reduce_scatter_phase(channel: Channel, buf: np.ndarray, starts: list[in
         if faults.ACTIVE and "ring_wrong_peer" in faults.ACTIVE and size >= 3 and step == 0:
             sender = (rank - 2) % size   # planted fault: the wrong peer in the first step
         # send my partial of one block to the right; fold the left's partial of the next into mine
-        channel.wait(channel.send(outgoing, right), channel.recv_reduce(incoming, sender, reducer))
+        channel.exchange(outgoing, right, incoming, sender, reducer)
 
 
 @register("reduce_scatter", "ring", "n-1 steps around the ring; each rank sends (n-1)/n of the buffer",
@@ -57,26 +57,38 @@ def pairwise(channel: Channel, work: np.ndarray, out: np.ndarray, op: Op) -> Non
     """
     rank, size = channel.rank, channel.size
     block = out.shape[0]
-    # `work` is only read (the caller may pass its input): my block is folded in a copy of its own
-    mine = np.empty_like(out)
-    np.copyto(mine, work[rank * block:(rank + 1) * block])
+    own = work[rank * block:(rank + 1) * block]   # `work` is only read: the caller may pass its input
+    left = own          # (0 .. r) so far: my block with the lower ranks' folded in on its left
+    final = False       # whether `out` already holds (0 .. n-1)
     for step in range(1, size):
         dst, src = (rank + step) % size, (rank - step) % size
-        outgoing = work[dst * block:(dst + 1) * block]
+        reducer = None
         if src < rank:
-            # rank r+s gets its block of my buffer; the lower rank r-s's contribution goes left of mine
-            arrival = channel.recv_reduce(mine, src, op.into_right)
+            if left is own:
+                # the first lower contribution lands as incoming ∘ my block (no copy of it first),
+                # in `out` itself when no higher rank's will follow
+                target = out if rank == size - 1 else np.empty_like(out)
+                reducer = op.from_source(own, lower=True)
+                left = target
+            else:
+                target, reducer = left, op.into_right
+        elif src == rank + 1 == size - 1:
+            # the one higher contribution there is lands as (0 .. r) ∘ incoming: the result
+            target, reducer, final = out, op.from_source(left), True
         elif src == size - 1:
-            # the highest rank's contribution starts the right-hand partial in `out`
-            arrival = channel.recv(out, src)
+            target = out        # the highest rank's contribution starts the right-hand partial
         else:
             # each next-higher rank's contribution goes left of the right-hand partial
-            arrival = channel.recv_reduce(out, src, op.into_right)
-        channel.wait(channel.send(outgoing, dst), arrival)
+            target, reducer = out, op.into_right
+        # rank r+s gets its block of my buffer
+        channel.exchange(work[dst * block:(dst + 1) * block], dst, target, src, reducer)
+    if final:
+        return
     if rank == size - 1:
-        np.copyto(out, mine)
+        if left is not out:
+            np.copyto(out, left)   # a group of one
     else:
-        op.combine(mine, out, out)   # (0 .. r) ∘ (r+1 .. n-1)
+        op.combine(left, out, out)   # (0 .. r) ∘ (r+1 .. n-1)
 
 
 @register("reduce_scatter", "recursive_halving",

@@ -102,3 +102,40 @@ def test_sendrecv_of_different_sizes_raises_a_mismatch_on_both_ranks():
     errors = colls.spawn(_mismatched, 2, transport="shm", timeout=40)
     assert all(error is not None and "B" in error for error in errors), errors
 
+
+
+def _big_messages_in_a_row(comm):
+    """Rank 0 posts three big collective messages to rank 1 at once, then waits: rank 1 asks for
+    help with each in turn (the sender finds the right one by its ack number)."""
+    transport, sizes = comm.transport, [(1 << 20) + 12, 3 << 20, (2 << 20) + 4]
+    deadline = time.monotonic() + 20
+    if comm.rank == 0:
+        buffers = [np.arange(n // 4, dtype=np.int32) * (i + 1) for i, n in enumerate(sizes)]
+        transport.wait_all([transport.isend(b, 1, TAG + i) for i, b in enumerate(buffers)], deadline)
+        return transport.helped[1]
+    got = [np.zeros(n // 4, np.int32) for n in sizes]
+    for i, buffer in enumerate(got):
+        transport.wait_all([transport.irecv(buffer, 0, TAG + i)], deadline)
+    return [bool((buffer == np.arange(buffer.size) * (i + 1)).all()) for i, buffer in enumerate(got)]
+
+
+@pytest.mark.timeout(60)
+def test_big_collective_messages_are_copied_by_both_sides():
+    helped, correct = colls.spawn(_big_messages_in_a_row, 2, transport="shm", timeout=40)
+    assert correct == [True, True, True]
+    assert helped == 3      # the sender wrote its share of all three (cross-memory attach works here)
+
+
+def _broadcast_sizes(comm):
+    out = []
+    for n in (2 << 20, (5 << 20) + 36):
+        x = np.arange(n // 4, dtype=np.float32) if comm.rank == 1 else np.zeros(n // 4, np.float32)
+        comm.broadcast(x, root=1, out=x)
+        out.append(bool((x == np.arange(n // 4, dtype=np.float32)).all()))
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_big_broadcasts_arrive_whole(ranks):
+    assert colls.spawn(_broadcast_sizes, ranks, transport="shm", timeout=40) == [[True, True]] * ranks

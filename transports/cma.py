@@ -28,22 +28,34 @@ try:
     _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
                        ctypes.c_ulong, ctypes.c_ulong]
     _readv.restype = ctypes.c_ssize_t
+    _writev = _libc.process_vm_writev
+    _writev.argtypes = _readv.argtypes
+    _writev.restype = ctypes.c_ssize_t
 except (OSError, AttributeError):
-    _readv = None
+    _readv = _writev = None
 
 
 def read(pid: int, address: int, target: np.ndarray) -> None:
     """Copy `target.nbytes` bytes at `address` in process `pid` into the contiguous `target`."""
-    local = _IoVec(target.ctypes.data, target.nbytes)
-    remote = _IoVec(address, target.nbytes)
-    done = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) if _readv else -1
-    if done == target.nbytes:
+    _move(_readv, "process_vm_readv", pid, address, target)
+
+
+def write(pid: int, address: int, source: np.ndarray) -> None:
+    """Copy the contiguous `source` to `address` in process `pid` (the same permission as `read`)."""
+    _move(_writev, "process_vm_writev", pid, address, source)
+
+
+def _move(call, name: str, pid: int, address: int, local_buffer: np.ndarray) -> None:
+    local = _IoVec(local_buffer.ctypes.data, local_buffer.nbytes)
+    remote = _IoVec(address, local_buffer.nbytes)
+    done = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) if call else -1
+    if done == local_buffer.nbytes:
         return
     code = ctypes.get_errno()
     if code == errno.ESRCH:
-        raise ProcessLookupError(f"the process {pid} being read from has gone")
-    raise TransportError(f"process_vm_readv from pid {pid} moved {done} of {target.nbytes} B: "
-                         f"{os.strerror(code) if code else 'short read'}")
+        raise ProcessLookupError(f"the process {pid} being copied to or from has gone")
+    raise TransportError(f"{name} with pid {pid} moved {done} of {local_buffer.nbytes} B: "
+                         f"{os.strerror(code) if code else 'short copy'}")
 
 
 def probe(pid: int, address: int, expected: int) -> bool:

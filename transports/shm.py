@@ -24,11 +24,26 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import cma
-from .base import Backoff, Exchange, Reducer, Request, Transport, check_buffer, process_alive, timeout_error
+from .base import (
+    COLLECTIVE_TAG_BASE,
+    Backoff,
+    Exchange,
+    Reducer,
+    Request,
+    Transport,
+    check_buffer,
+    process_alive,
+    timeout_error,
+)
 from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost, TransportError
 from .segment import Segment
 
-CONTROL_BYTES = 192          # head at byte 0, tail at 64, rendezvous acks at 128: a cache line each
+# a cache line each: head at byte 0 (the sender's), tail at 64 and rendezvous acks at 128 (the
+# receiver's), a request to help with a rendezvous copy at 192 (the receiver's: the message's ack
+# number, the address to write to, the offset and bytes to write) and the help done at 256 (the
+# sender's: the ack number of the last message it helped with)
+CONTROL_BYTES = 320
+HELP_ASK, HELP_DONE = 24, 32   # int64 indices of those two lines
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
 HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words, abort reason
@@ -37,6 +52,7 @@ PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless to
 LIVENESS_PERIOD_S = 0.2
 RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
+HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
 
 
@@ -71,7 +87,7 @@ class _Fifo:
     __slots__ = ("control", "headers", "data", "ctl", "hdr", "raw")
 
     def __init__(self, segment: np.ndarray, offset: int, chunk: int, slots: int) -> None:
-        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head [8] tail [16] acks
+        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head [8] tail ...
         offset += CONTROL_BYTES
         header_bytes = slots * HEADER_FIELDS * 8
         self.headers = segment[offset:offset + header_bytes].view(np.int64).reshape(slots, HEADER_FIELDS)
@@ -181,6 +197,8 @@ class ShmTransport(Transport):
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
+        self.helping = [0] * size      # per peer: the ack number of a message its sender is helping copy
+        self.helped = [0] * size       # per peer: the ack number of the last message I helped it copy
         self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.closed = False
 
@@ -330,21 +348,86 @@ class ShmTransport(Transport):
         return moved
 
     def _collect_acks(self, peer: int) -> bool:
-        """Complete the rendezvous sends to `peer` that it has finished reading."""
+        """Complete the rendezvous sends to `peer` that it has finished reading, after copying my
+        share of one it asked me to help with."""
         awaiting = self.awaiting[peer]
         if not awaiting:
             return False
-        acked = int(self.outbound[peer].control[16])
+        ctl = self.outbound[peer].ctl
+        if ctl[HELP_ASK] > self.helped[peer]:
+            self._help(peer, ctl)
+        acked = ctl[16]
         moved = False
         while awaiting and awaiting[0].ack <= acked:
             awaiting.pop(0).done = True
             moved = True
         return moved
 
-    def _read_rendezvous(self, peer: int, request: _In, address: int) -> None:
-        """Copy (or reduce) a rendezvous message straight out of the sender's memory."""
+    def _help(self, peer: int, ctl: memoryview) -> None:
+        """Write the part of a rendezvous send that its receiver asked me for straight into its
+        buffer, while it reads the rest: two cores copy one message (a sender waiting for its ack
+        has nothing better to do)."""
+        number, address, offset, nbytes = (ctl[HELP_ASK + i] for i in range(4))
+        send = next((s for s in self.awaiting[peer] if s.ack == number), None)
+        if send is None or offset < 0 or nbytes <= 0 or offset + nbytes > send.nbytes:
+            raise TransportError(f"rank {self.rank}: rank {peer} asked for help with rendezvous message "
+                                 f"{number} ({offset}+{nbytes} B), which rank {self.rank} has not sent")
         try:
-            self._read_from(peer, request, address)
+            cma.write(self.pids[peer], address, send.data[offset:offset + nbytes])
+        except ProcessLookupError as error:
+            raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
+                                   f"writing its share of a {send.nbytes} B message to it") from error
+        self.helped[peer] = number
+        ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
+
+    def _ask_help(self, peer: int, request: _In, address: int) -> bool:
+        """Have the sender write the second half of a big plain collective message while I read the
+        first; false (read it all myself) where that does not apply. Reductions read it all: the
+        sender cannot combine into my buffer. User messages too: their sender may be off computing,
+        not waiting for the ack."""
+        nbytes = request.nbytes
+        if request.reducer is not None or nbytes < HELP_BYTES or request.tag < COLLECTIVE_TAG_BASE:
+            return False
+        half = nbytes // 2 // 64 * 64
+        number = self.acks_given[peer] + 1   # the ack that will complete this message
+        ctl = self.inbound[peer].ctl
+        ctl[HELP_ASK + 1] = request.data[half:].ctypes.data
+        ctl[HELP_ASK + 2] = half
+        ctl[HELP_ASK + 3] = nbytes - half
+        ctl[HELP_ASK] = number               # publish the request last
+        self._read_rendezvous(peer, request, address, half)
+        request.pos = half
+        self.helping[peer] = number
+        return True
+
+    def _finish_helped(self, peer: int) -> bool:
+        """Complete the helped rendezvous receive from `peer` once the sender's share has landed."""
+        fifo = self.inbound[peer]
+        if fifo.ctl[HELP_DONE] < self.helping[peer]:
+            return False
+        self.helping[peer] = 0
+        self._consume_rendezvous(peer, fifo, self.current[peer], self.read_tail[peer])
+        return True
+
+    def _consume_rendezvous(self, peer: int, fifo: _Fifo, request: _In, tail: int) -> int:
+        """Free the slot of a rendezvous header at `tail` whose message is in, ack it (the sender's
+        buffer is free again) and complete the receive; returns the new tail."""
+        tail += 1
+        self.read_tail[peer] = tail
+        fifo.control[8] = tail
+        self.acks_given[peer] += 1
+        fifo.control[16] = self.acks_given[peer]
+        request.pos = request.nbytes
+        request.done = True
+        self.current[peer] = None
+        if request.stash:
+            self._serve_stash(peer)
+        return tail
+
+    def _read_rendezvous(self, peer: int, request: _In, address: int, nbytes: int | None = None) -> None:
+        """Copy (or reduce) a rendezvous message (its first `nbytes`) straight out of the sender's memory."""
+        try:
+            self._read_from(peer, request, address, request.nbytes if nbytes is None else nbytes)
         except (ProcessLookupError, TransportError) as error:
             if not isinstance(error, ProcessLookupError):
                 time.sleep(0.05)             # a dying process may not look dead for a moment
@@ -353,23 +436,26 @@ class ShmTransport(Transport):
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"reading its {request.nbytes} B message") from error
 
-    def _read_from(self, peer: int, request: _In, address: int) -> None:
+    def _read_from(self, peer: int, request: _In, address: int, nbytes: int) -> None:
         if request.reducer is None:
-            cma.read(self.pids[peer], address, request.data)
+            cma.read(self.pids[peer], address, request.data[:nbytes])
         else:
             dtype, piece = request.buf.dtype, self.piece
             for start in range(0, request.nbytes, REDUCE_PIECE_BYTES):
                 n = min(REDUCE_PIECE_BYTES, request.nbytes - start)
                 cma.read(self.pids[peer], address + start, piece[:n])
                 request.reducer(request.data[start:start + n].view(dtype), piece[:n].view(dtype))
-        request.pos = request.nbytes
 
     def _pull(self, peer: int) -> bool:
         """Consume the chunks that `peer` has published, into matching receives."""
         fifo = self.inbound[peer]
+        moved = False
+        if self.helping[peer]:
+            if not self._finish_helped(peer):
+                return False
+            moved = True
         tail = self.read_tail[peer]
         head = int(fifo.control[0])
-        moved = False
         while tail < head:
             slot = tail % self.slots
             tag, message_bytes, offset, n = fifo.headers[slot].tolist()
@@ -380,16 +466,11 @@ class ShmTransport(Transport):
                     break                  # nobody wants it yet: leave it in the FIFO
                 self.current[peer] = request
             if n == RENDEZVOUS_CHUNK and self.cma and request.pos == 0 and message_bytes == request.nbytes:
-                self._read_rendezvous(peer, request, offset)
-                tail += 1
-                fifo.control[8] = tail
-                self.acks_given[peer] += 1
-                fifo.control[16] = self.acks_given[peer]   # the sender's buffer is free again
-                request.done = True
-                self.current[peer] = None
                 moved = True
-                if request.stash:
-                    self._serve_stash(peer)
+                if self._ask_help(peer, request, offset):
+                    break                  # the header stays until the sender's share has landed
+                self._read_rendezvous(peer, request, offset)
+                tail = self._consume_rendezvous(peer, fifo, request, tail)
                 continue
             if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
                     or message_bytes != request.nbytes or tag != request.tag):
