@@ -121,8 +121,8 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written:
 
 def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
                      reduce: bool = False) -> float:
-    """Median time, the slower rank's, of both ranks of a two-rank `pair` posting an `nbytes`
-    receive and send to each other right after a barrier and waiting for both: beside one message
+    """Median time, the slower rank's, of both ranks of a two-rank `pair` exchanging `nbytes`
+    (`Channel.exchange`: a send and a receive posted together) right after a barrier: beside one message
     (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
     two cross-memory-attach reads at once cost (large: they slow each other down); `written`: each
     rank writes its send buffer again before the barrier (see `after_barrier_seconds`); `reduce`:
@@ -136,11 +136,12 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
             buf.fill(1)
         pair.barrier()
         start = time.perf_counter()
+        # one sendrecv, as the schedules' steps are (shm takes a one-slot message straight out)
         if reduce:
-            receive = channel.recv_reduce(incoming.view(np.float32), 1 - pair.rank, reducer)
+            channel.exchange(buf.view(np.float32), 1 - pair.rank, incoming.view(np.float32), 1 - pair.rank,
+                             reducer)
         else:
-            receive = channel.recv(incoming, 1 - pair.rank)
-        channel.wait(channel.send(buf, 1 - pair.rank), receive)
+            channel.exchange(buf, 1 - pair.rank, incoming, 1 - pair.rank)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
 
