@@ -131,8 +131,8 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray |
                 reducer = op.into_right if partner < rank else op.into_left
             else:
                 reducer = op.from_source(source[starts[keep[0]]:starts[keep[1]]], lower=partner < rank)
-            channel.wait(channel.send(held[starts[give[0]]:starts[give[1]]], partner),
-                         channel.recv_reduce(buf[starts[keep[0]]:starts[keep[1]]], partner, reducer))
+            channel.exchange(held[starts[give[0]]:starts[give[1]]], partner,
+                             buf[starts[keep[0]]:starts[keep[1]]], partner, reducer)
             source = None   # my half of buf now holds my input reduced with my partner's
             low, high = keep
             mask <<= 1
