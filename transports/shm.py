@@ -384,7 +384,11 @@ class ShmTransport(Transport):
         """Have the sender write the second half of a big plain collective message while I read the
         first; false (read it all myself) where that does not apply. Reductions read it all: the
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
-        not waiting for the ack."""
+        not waiting for the ack.
+
+        Known gap: a receiver that gives up on a helped message (its deadline, an abort) cannot
+        withdraw the request without an atomic exchange, so a sender that read it just before may
+        still write its share into that buffer for a moment after the error was raised."""
         nbytes = request.nbytes
         if request.reducer is not None or nbytes < HELP_BYTES or request.tag < COLLECTIVE_TAG_BASE:
             return False
