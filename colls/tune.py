@@ -11,8 +11,8 @@ the rendezvous size, cross-memory attach above), what the barrier adds to it, th
 collective (on a one-rank group: no message), what posting a message costs the rank's own CPU
 (an exchange beside one message), numpy's reductions and copies per byte at several
 sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
-a new buffer, how long a waiting rank polls before it yields its core, and what getting one back
-costs.
+a new buffer, how long a waiting rank polls before it yields its core (in a send or receive, and
+in a sendrecv's one-slot wait), and what getting one back costs.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def reduce_seconds_per_byte(nbytes: int = LARGE_BYTES, rounds: int = 20) -> floa
     return statistics.median(times) / nbytes
 
 
-PROFILE_MESSAGE_BYTES = (8, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20,
-                         16 << 20, 64 << 20)
+# 128 and 512 KiB: the halves of the calls at 256 KiB and 1 MiB (a FIFO exchange beyond one slot)
+PROFILE_MESSAGE_BYTES = (8, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10,
+                         1 << 20, 4 << 20, 16 << 20, 64 << 20)
 PROFILE_WORK_BYTES = (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 PROFILE_ALLOC_BYTES = (1 << 20, 16 << 20, 32 << 20, 64 << 20)
 PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
@@ -199,6 +200,50 @@ def spin_seconds(pair: Communicator, rounds: int = 100) -> float:
     return statistics.median(slowest(pair, times))
 
 
+def one_slot_spin_seconds(pair: Communicator, rounds: int = 100) -> float:
+    """How long a rank waiting in a sendrecv polls before it yields its core: `Backoff.SPIN_POLLS`
+    turns of the shm one-slot receive's loop (`ShmTransport._receive_now`: read the FIFO's head,
+    check for other messages in flight) on rank 1 of a two-rank `pair`; 0 on a transport without it."""
+    transport = pair.transport
+    inbound = getattr(transport, "inbound", None)
+    if inbound is None or pair.rank != 1:
+        return statistics.median(slowest(pair, [0.0] * rounds))
+    ctl, tail = inbound[0].ctl, transport.read_tail[0]
+    times, landed = [], 0
+    for _ in range(rounds):
+        polls = 0
+        start = time.perf_counter()
+        while polls < Backoff.SPIN_POLLS:   # the loop's test, read but not obeyed (rank 0 may send)
+            landed += ctl[0] > tail
+            if transport.active_out or transport.active_in:
+                transport.progress()
+            polls += 1
+        times.append(time.perf_counter() - start)
+    return statistics.median(slowest(pair, times))
+
+
+def one_slot_wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 2000) -> float:
+    """What a rank that yielded its core in a sendrecv's one-slot wait waits to get one back: 8 B
+    exchanges back to back of a two-rank `pair` pinned to one core (each exchange hands the core
+    over once: the first rank to wait yields, the other finds its message there) less the free
+    exchange `free` and the `spin` the waiting rank polls before it yields."""
+    buf, incoming = np.ones(SMALL_BYTES, np.uint8), np.ones(SMALL_BYTES, np.uint8)
+    channel = pair.channel("colls tune one-core exchange", timeout=120)
+    allowed = pinned({min(os.sched_getaffinity(0))})
+    try:
+        times = []
+        for _ in range(5):
+            pair.barrier()
+            start = time.perf_counter()
+            for _ in range(rounds):
+                channel.exchange(buf, 1 - pair.rank, incoming, 1 - pair.rank)
+            times.append((time.perf_counter() - start) / rounds)
+        shared = statistics.median(slowest(pair, times))
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return max(0.0, shared - free - spin)
+
+
 def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300) -> float:
     """What a rank that yielded its core waits to get one back: an 8 B ping-pong of a two-rank
     `pair` pinned to one core (each message hands the core over) less the free one-way time `free`
@@ -280,19 +325,23 @@ def profile(comm: Communicator) -> dict:
         post = max(0.0, exchange_small - after[SMALL_BYTES])
         # a reducing receive's software beyond a plain one's (the reducer's call; γ of 8 B is nil)
         receive_reduce = max(0.0, exchange_seconds(pair, 2000, reduce=True) - exchange_small)
-        exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES
-                    if n >= cma_from}
+        # every size: below the rendezvous size a sendrecv is one step (shm's one-slot path), not
+        # two messages; from it two cross-memory reads run at once
+        exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES}
         # the same cross-memory-attach sizes from buffers the sender has just written
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
                             for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
+        one_slot_spin = one_slot_spin_seconds(pair)
         os.sched_setaffinity(0, before)
         extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
-                 "receive_reduce_s": receive_reduce}
+                 "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
+                 "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin)}
         pair.close()
-    names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s")
+    names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
+             "one_slot_wake_s")
     shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}

@@ -140,7 +140,7 @@ def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
     from transports.sim import _Cores
 
     cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5))
-    a, b = SimpleNamespace(core=None, wake=0.0), SimpleNamespace(core=None, wake=0.0)
+    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False) for _ in range(2))
     assert cores.claim(a, 0.0) and a.wake == 0.0           # an idle core: no wake-up
     cores.release(a, 1e-4)                                  # a waits from 0.1 ms, spinning until 1.1 ms
     assert not cores.claim(b, 5e-4) and cores.next_free() == pytest.approx(1.1e-3)
@@ -242,6 +242,49 @@ def test_an_eager_send_is_done_when_posted():
     assert sender_seconds(True) == 0.0 and sender_seconds(False) == pytest.approx(1e-3)
     assert SharedMemory(2, profile()).route_for(0, 1, 4 * KIB).eager
     assert not SharedMemory(2, profile()).route_for(0, 1, 4 * MIB).eager
+
+
+def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_two_messages():
+    from dataclasses import replace
+
+    import numpy as np
+
+    from transports.sim import SimWorld
+
+    # both ranks exchanging 8 B take 3 us, 16 KiB 5 us (the one-slot step); one message takes
+    # 5 us + 1 ns/B, and posting costs 1 us: apart, the exchange would be far dearer
+    measured = ((8, 3e-6), (16 * KIB, 5e-6), (MIB, 10e-6 + 2 * MIB * 1e-10))
+    fused = replace(profile(), exchange=measured, post=1e-6)
+    assert fused.exchange_seconds(8) == pytest.approx(3e-6)
+    assert fused.exchange_seconds(8 * KIB) == pytest.approx(3e-6 + (8 * KIB - 8) * 2e-6 / (16 * KIB - 8))
+    assert fused.exchange_seconds(4) == pytest.approx(3e-6)               # below the smallest: its time
+    assert fused.exchange_seconds(32 * KIB) == pytest.approx(5e-6 + 16 * KIB * 2e-6 / (16 * KIB - 8))
+    assert profile().exchange_seconds(8) is None                          # not measured
+    network = SharedMemory(2, fused)
+    assert network.exchange_route(0, 1, 8).alpha == pytest.approx(3e-6 - fused.start)
+    assert network.exchange_route(0, 1, MIB) is None   # from the rendezvous size: the general path
+    # the FIFO sizes do not enter the contention of cross-memory reads
+    assert fused.contention(MIB) == replace(fused, exchange=measured[-1:]).contention(MIB) > 1.9
+
+    def sendrecv(nbytes):
+        def body(transport):
+            incoming, outgoing = np.zeros(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+            transport.sendrecv(outgoing, 1 - transport.rank, incoming, 1 - transport.rank, 0, float("inf"))
+            assert incoming.all()   # real bytes still arrive
+            return transport.clock
+        return body
+
+    assert SimWorld(2, network).run(sendrecv(8)) == [pytest.approx(3e-6 - fused.start)] * 2
+    assert SimWorld(2, network).run(sendrecv(16 * KIB)) == [pytest.approx(5e-6 - fused.start)] * 2
+    # without the small exchanges measured, a sendrecv is a send and a receive as before: one
+    # message's time (its α holds the sender's post; the receive is posted while it flows)
+    apart = SimWorld(2, SharedMemory(2, replace(profile(), post=1e-6))).run(sendrecv(8))
+    assert apart == [pytest.approx(profile().message[0][1], abs=2e-8)] * 2
+    # and a schedule built of sendrecvs follows: recursive doubling at 2 ranks is one exchange
+    cheaper = replace(fused, exchange=((8, 2.5e-6), (16 * KIB, 4e-6), measured[-1]))
+    assert predict("all_reduce", "recursive_doubling", 2, 4 * KIB, fused) - \
+        predict("all_reduce", "recursive_doubling", 2, 4 * KIB, cheaper) == \
+        pytest.approx(fused.exchange_seconds(4 * KIB) - cheaper.exchange_seconds(4 * KIB), rel=1e-6)
 
 
 def test_posting_is_the_ranks_own_work_so_an_exchange_costs_more_than_one_message():
@@ -381,7 +424,7 @@ def test_placed_ranks_take_only_their_own_core():
 
     # ranks 0 and 1 on core 0, rank 2 on core 1: rank 1 waits for core 0 even while core 1 is idle
     cores = _Cores(TimeSharing(2, spin=1e-3, wake=5e-5, placement=(0, 0, 1)))
-    a, b, c = (SimpleNamespace(core=None, wake=0.0, rank=r) for r in range(3))
+    a, b, c = (SimpleNamespace(core=None, wake=0.0, rank=r, in_sendrecv=False) for r in range(3))
     assert cores.claim(a, 0.0) and a.core == 0
     assert not cores.claim(b, 0.0) and cores.next_free(b) == float("inf")
     assert cores.next_free() == 0.0                       # core 1 is idle, but not rank 1's
@@ -415,3 +458,25 @@ def test_more_ranks_than_cores_predict_the_median_over_placements():
     assert predict("broadcast", "pipeline", 4, MIB, machine) == pytest.approx(statistics.median(times))
     # on 4 cores nothing is shared: faster than any placement on 2
     assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4) < min(times)
+
+
+@pytest.mark.timeout(120)
+def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
+    # the real measurement on two shm ranks: every message size has an exchange time (the FIFO
+    # sizes too, which the model prices a sendrecv at), and the one-slot wait's spin and wake
+    from colls.tune import PROFILE_MESSAGE_BYTES
+
+    path = tmp_path / "r2.json"
+    result = subprocess.run([sys.executable, "-m", "colls.cli", "run", "-n", "2", "--timeout", "100",
+                             "-m", "colls.tune", "--profile", str(path)],
+                            capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stderr
+    measured = json.loads(path.read_text())
+    assert sorted(int(n) for n in measured["exchange_s"]) == sorted(PROFILE_MESSAGE_BYTES)
+    assert all(seconds > 0 for seconds in measured["exchange_s"].values())
+    # polling a slot's head is far cheaper a turn than a request's wait loop
+    assert 0 < measured["one_slot_spin_s"] < measured["spin_s"]
+    assert measured["one_slot_wake_s"] >= 0
+    machine = Profile.load([str(path)])
+    assert machine.exchange_seconds(8) == pytest.approx(measured["exchange_s"]["8"])
+    assert machine.one_slot_spin == pytest.approx(measured["one_slot_spin_s"])

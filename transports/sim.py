@@ -243,6 +243,7 @@ class _Rank:
         self.core: int | None = None  # with time sharing: the core it runs (or spins) on
         self.wake = 0.0               # and what getting it back costs when it resumes
         self.started_at = 0.0         # with time sharing: when it first got a core
+        self.in_sendrecv = False      # waits in a fused sendrecv (its spin may differ)
         self.outstanding = 0          # watched requests not yet done while blocked
         self.fiber = None             # its thread's lock, or its greenlet
         self.started = False
@@ -324,6 +325,10 @@ class TimeSharing:
     # each rank's core (None: any rank takes any free core): the kernel keeps a runnable process on
     # its core's run queue, and one that yields there hands the core only to the ranks queued on it
     placement: tuple[int, ...] | None = None
+    # the spin of a wait in a fused sendrecv (the network's `exchange_route`), if it polls apart
+    # (shm's one-slot receive polls the slot's head, far cheaper a turn than a request's wait)
+    sendrecv_spin: float | None = None
+    sendrecv_wake: float | None = None   # and what taking a core back from such a wait costs
 
 
 class _Cores:
@@ -348,7 +353,8 @@ class _Cores:
         previous = self.owner[core]
         if previous is not None:
             previous.core = None
-            rank.wake = self.sharing.wake
+            wake = self.sharing.sendrecv_wake if rank.in_sendrecv else None
+            rank.wake = self.sharing.wake if wake is None else wake
         self.owner[core], self.free[core], rank.core = rank, math.inf, core
         return True
 
@@ -362,7 +368,8 @@ class _Cores:
         """`rank` waits (or has returned: `colls bench` then waits at its barrier) from `now`; it
         keeps its core `spin` longer."""
         if rank.core is not None:
-            self.free[rank.core] = now + self.sharing.spin
+            spin = self.sharing.sendrecv_spin if rank.in_sendrecv else None
+            self.free[rank.core] = now + (self.sharing.spin if spin is None else spin)
 
 
 class SimulationFailed(RuntimeError):
@@ -402,6 +409,8 @@ class SimWorld:
         self.post_seconds = getattr(network, "post_seconds", 0.0)   # a rank's own work per send/receive
         # and per reducing receive, beyond γ per byte (the reducer's call)
         self.receive_reduce_seconds = getattr(network, "receive_reduce_seconds", 0.0)
+        # a transport that does a send and a receive posted together as one step (`exchange_route`)
+        self.fuses_exchanges = callable(getattr(network, "exchange_route", None))
         sharing = getattr(network, "time_sharing", None)
         self._cores = _Cores(sharing) if sharing is not None and sharing.cores < size else None
         self.failure: BaseException | None = None
@@ -535,6 +544,14 @@ class SimWorld:
                 route = sized(src, dst, nbytes, written) if written else sized(src, dst, nbytes)
             self._routes[key] = route
         return route
+
+    def exchange_route(self, src: int, dst: int, nbytes: int) -> Route | None:
+        """The (cached) route of a send made in a sendrecv, from the network's `exchange_route`;
+        None: the network prices it as any other message."""
+        key = ("sendrecv", src, dst, nbytes)
+        if key not in self._routes:
+            self._routes[key] = self.network.exchange_route(src, dst, nbytes)
+        return self._routes[key]
 
     def post_send(self, message: _Message) -> None:
         """Queue `message` on its sender's port; the port sends one message at a time."""
@@ -696,16 +713,38 @@ class SimTransport(Transport):
         self.me.clock = max(self.me.clock, self.world.now) + seconds * self.me.slowdown
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        return self._send(buf, peer, tag, None)
+
+    def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
+                 deadline: float, reducer: Reducer | None = None) -> None:
+        """A send and a receive posted together. On a network with `exchange_route(src, dst, nbytes)`
+        (a transport that does the pair as one step, as shm's one-slot sendrecv), the send takes
+        that route and neither side pays a post: the route's α is the whole measured step."""
+        world = self.world
+        fused = (world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes)
+                 if world.fuses_exchanges else None)
+        send = self._send(send_buf, dst, tag, fused)
+        receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
+        self.me.in_sendrecv = fused is not None
+        try:
+            self.wait_all([send, receive], deadline)
+        finally:
+            self.me.in_sendrecv = False
+
+    def _send(self, buf: np.ndarray, peer: int, tag: int, route: Route | None) -> Request:
         world, me = self.world, self.me
-        me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
+        receiver = world.ranks[self.group.world_ranks[peer]]
+        if route is None:
+            me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
+            written = world.written is not None and id(_root(buf)) in world.written
+            route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
+                                                                              buf.nbytes, written)
+        else:
+            me.clock = max(me.clock, world.now)
         request = _SimRequest("send", peer, tag, buf, me)
         data = None
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
-        receiver = world.ranks[self.group.world_ranks[peer]]
-        written = world.written is not None and id(_root(buf)) in world.written
-        route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
-                                                                          buf.nbytes, written)
         message = _Message(request, route, data, me)
         key = (self.group.id, self.rank, tag)
         waiting = receiver.unmatched_recvs.get(key)
@@ -726,11 +765,12 @@ class SimTransport(Transport):
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
         return self._post_recv(buf, peer, tag, reducer)
 
-    def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> Request:
+    def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
+                   post: bool = True) -> Request:
         me = self.me
         if self.world.written is not None:
             _written(buf)   # what arrives is written into it by this rank
-        me.clock = max(me.clock, self.world.now) + self.world.post_seconds * me.slowdown
+        me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
         key = (self.group.id, peer, tag)
         sent = me.unmatched_sends.get(key)

@@ -77,11 +77,15 @@ class Profile:
     rendezvous: int = 64 << 10
     alloc: tuple[tuple[int, float], ...] = ((1, 0.0),)
     post: float = 0.0
-    exchange: tuple[tuple[int, float], ...] = ()   # (bytes, seconds of two cross-memory reads at once)
+    # (bytes, seconds of both ranks exchanging that many in one sendrecv): below the rendezvous size
+    # the whole step as the schedules make it, from it two cross-memory reads at once
+    exchange: tuple[tuple[int, float], ...] = ()
     # the same two, from send buffers the sender has just written (dirty in its cache)
     written: tuple[tuple[int, float], ...] = ()
     exchange_written: tuple[tuple[int, float], ...] = ()
     receive_reduce: float = 0.0   # a reducing receive's software beyond a plain receive's
+    one_slot_spin: float | None = None   # the spin of a wait in a one-slot sendrecv (None: `spin`)
+    one_slot_wake: float | None = None   # and getting the core back from it (None: `wake`)
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -116,7 +120,9 @@ class Profile:
                    median_table("exchange_written_s") if all(e.get("exchange_written_s") for e in entries)
                    else (),
                    combine([e["receive_reduce_s"] for e in entries])
-                   if all("receive_reduce_s" in e for e in entries) else 0.0)
+                   if all("receive_reduce_s" in e for e in entries) else 0.0,
+                   *(combine([e[name] for e in entries]) if all(name in e for e in entries) else None
+                     for name in ("one_slot_spin_s", "one_slot_wake_s")))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -134,6 +140,22 @@ class Profile:
         if alpha < 0:   # the line through the two points passes below zero: keep the time, drop α
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
+
+    def exchange_seconds(self, nbytes: int) -> float | None:
+        """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
+        receive, as shm's one-slot path does them together): linear in bytes between the measured
+        sizes around it, the last two's slope beyond them; None if the profile measured none."""
+        points = [(size, t) for size, t in self.exchange if size < self.rendezvous]
+        if not points:
+            return None
+        if len(points) == 1:
+            return points[0][1]
+        sizes = [size for size, _ in points]
+        if nbytes <= sizes[0]:
+            return points[0][1]
+        i = min(bisect.bisect_right(sizes, nbytes) - 1, len(points) - 2)
+        (low, t_low), (high, t_high) = points[i], points[i + 1]
+        return max(0.0, t_low + (nbytes - low) * (t_high - t_low) / (high - low))
 
     def contention(self, nbytes: int) -> float:
         """How much slower per byte a cross-memory read of `nbytes` is while another runs: from the
@@ -156,6 +178,8 @@ class Profile:
         """Per byte, the times of `table` (less `post` and the message's α) over one clean message's β."""
         ratios = []
         for size, seconds in table:
+            if size < self.rendezvous:   # FIFO sizes: no cross-memory read to slow down
+                continue
             alpha, beta = self.message_cost(size)
             if beta > 0:
                 ratios.append((size, max(1.0, (seconds - post - alpha) / size / beta)))
@@ -184,7 +208,9 @@ class SharedMemory:
         self.profile = profile
         self.footprint = footprint   # the call's bytes: whether its pieces stream from cache or memory
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up
-        self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake)
+        self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake,
+                                        sendrecv_spin=profile.one_slot_spin,
+                                        sendrecv_wake=profile.one_slot_wake)
         self.alloc_seconds_per_byte = profile.alloc_seconds_per_byte   # scratch buffers' page faults
         # posting a send or a receive is the rank's own work (a rank that sends and receives at
         # once does both in turn); the rest of a message's α is in the route
@@ -193,6 +219,19 @@ class SharedMemory:
         # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
         self.tracks_writes = bool(profile.written)
         self.receive_reduce_seconds = profile.receive_reduce   # each reducing receive's call
+
+        if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
+            self.exchange_route = None
+
+    def exchange_route(self, src: int, dst: int, nbytes: int) -> Route | None:
+        """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
+        slot and takes the reply straight out (`ShmTransport.sendrecv`), so it costs the measured
+        exchange of its size (less the barrier's start, as a message's does), not a message and two
+        posts; None from the rendezvous size (the general path: messages and reads as above)."""
+        if nbytes >= self.profile.rendezvous:
+            return None
+        seconds = max(0.0, self.profile.exchange_seconds(nbytes) - self.profile.start)
+        return Route(seconds, (), f"fifo to {dst}", eager=True)
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
