@@ -10,7 +10,8 @@ from 8 B to 64 MiB between two pinned ranks right after a barrier (both shm prot
 the rendezvous size, cross-memory attach above), what the barrier adds to it, the software of one call per
 collective (on a one-rank group: no message), what posting a message costs the rank's own CPU
 (an exchange beside one message), numpy's reductions and copies per byte at several
-sizes with as many ranks at once as there are cores (the memory bus is shared), the first touch of
+sizes with as many ranks at once as there are cores (the memory bus is shared) and what one such
+numpy call costs whatever its size, the first touch of
 a new buffer, how long a waiting rank polls before it yields its core (in a send or receive, and
 in a sendrecv's one-slot wait), and what getting one back costs.
 """
@@ -347,11 +348,15 @@ def profile(comm: Communicator) -> dict:
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
     work["alloc"] = {str(n): fresh_seconds_per_byte(n) for n in PROFILE_ALLOC_BYTES}
+    # one numpy call's own cost (an 8 B sum or copy): paid once per call, whatever its size
+    work_call = {kind: work_seconds_per_byte(comm, kind, SMALL_BYTES, workers) * SMALL_BYTES
+                 for kind in ("reduce", "copy")}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_s": exchange, "message_written_s": written, "exchange_written_s": exchange_written,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
-            "alloc_s_per_byte": work["alloc"]}
+            "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],
+            "copy_call_s": work_call["copy"]}
 
 
 def measure(comm: Communicator) -> Machine:

@@ -480,3 +480,30 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     machine = Profile.load([str(path)])
     assert machine.exchange_seconds(8) == pytest.approx(measured["exchange_s"]["8"])
     assert machine.one_slot_spin == pytest.approx(measured["one_slot_spin_s"])
+
+
+def test_each_numpy_call_pays_its_own_cost_once_and_the_tables_per_byte_exclude_it():
+    from dataclasses import replace
+
+    import numpy as np
+
+    from transports.sim import SimWorld, symbolic
+
+    # a 1 KiB sum took 0.5 us of which 0.4 us is the call itself: a byte adds 0.1 us / 1 KiB
+    machine = replace(profile(), reduce=((KIB, 5e-7 / KIB), (MIB, 1e-10)), reduce_call=4e-7,
+                      copy=((KIB, 3e-7 / KIB), (MIB, 1e-10)), copy_call=2e-7)
+    assert machine.reduce_seconds_per_byte(KIB) == pytest.approx(1e-7 / KIB)
+    assert machine.copy_seconds_per_byte(KIB) == pytest.approx(1e-7 / KIB)
+    assert machine.reduce_seconds_per_byte(MIB) == pytest.approx(1e-10 - 4e-7 / MIB)
+    assert profile().reduce_seconds_per_byte(KIB) == pytest.approx(1e-10)   # not measured: as before
+
+    def body(transport):
+        a, b = symbolic(256), symbolic(256)
+        np.add(a, b, out=a)   # two sums of 1 KiB and one copy
+        np.add(a, b, out=a)
+        np.copyto(a, b)
+        return transport.clock
+
+    network = SharedMemory(2, machine)
+    world = SimWorld(2, network, machine.reduce_seconds_per_byte(KIB), machine.copy_seconds_per_byte(KIB))
+    assert world.run(body) == [pytest.approx(2 * 5e-7 + 3e-7)] * 2

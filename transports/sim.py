@@ -108,11 +108,14 @@ def _charge(nbytes: int, kind: str) -> None:
     rank = _RUNNING[0]
     if rank is not None:
         world = rank.world
+        fixed = 0.0
         if kind == "alloc":
             rate = world.alloc_seconds_per_byte(nbytes) if world.alloc_seconds_per_byte else 0.0
+        elif kind == "gamma":
+            rate, fixed = world.gamma, world.reduce_call_seconds
         else:
-            rate = world.gamma if kind == "gamma" else world.copy_seconds_per_byte
-        rank.clock = max(rank.clock, world.now) + nbytes * rate * rank.slowdown
+            rate, fixed = world.copy_seconds_per_byte, world.copy_call_seconds
+        rank.clock = max(rank.clock, world.now) + (nbytes * rate + fixed) * rank.slowdown
 
 
 def _root(buf: np.ndarray) -> np.ndarray:
@@ -409,6 +412,9 @@ class SimWorld:
         self.post_seconds = getattr(network, "post_seconds", 0.0)   # a rank's own work per send/receive
         # and per reducing receive, beyond γ per byte (the reducer's call)
         self.receive_reduce_seconds = getattr(network, "receive_reduce_seconds", 0.0)
+        # and per sum or copy in algorithm code, beyond γ or the copy's cost per byte (numpy's call)
+        self.reduce_call_seconds = getattr(network, "reduce_call_seconds", 0.0)
+        self.copy_call_seconds = getattr(network, "copy_call_seconds", 0.0)
         # a transport that does a send and a receive posted together as one step (`exchange_route`)
         self.fuses_exchanges = callable(getattr(network, "exchange_route", None))
         sharing = getattr(network, "time_sharing", None)

@@ -86,6 +86,10 @@ class Profile:
     receive_reduce: float = 0.0   # a reducing receive's software beyond a plain receive's
     one_slot_spin: float | None = None   # the spin of a wait in a one-slot sendrecv (None: `spin`)
     one_slot_wake: float | None = None   # and getting the core back from it (None: `wake`)
+    # one numpy sum's or copy's own cost (an 8 B one): the tables above less it, per byte, are
+    # what a byte adds; the simulator charges it once per call of the algorithm code
+    reduce_call: float = 0.0
+    copy_call: float = 0.0
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -122,7 +126,9 @@ class Profile:
                    combine([e["receive_reduce_s"] for e in entries])
                    if all("receive_reduce_s" in e for e in entries) else 0.0,
                    *(combine([e[name] for e in entries]) if all(name in e for e in entries) else None
-                     for name in ("one_slot_spin_s", "one_slot_wake_s")))
+                     for name in ("one_slot_spin_s", "one_slot_wake_s")),
+                   *(combine([e.get(name, 0.0) for e in entries])
+                     for name in ("reduce_call_s", "copy_call_s")))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -186,12 +192,12 @@ class Profile:
         return _interpolate(ratios, nbytes) if ratios else 1.0
 
     def reduce_seconds_per_byte(self, nbytes: int) -> float:
-        """γ for a call of `nbytes`."""
-        return _interpolate(list(self.reduce), nbytes)
+        """γ for a call of `nbytes` (what a byte adds to a sum beyond the sum's own `reduce_call`)."""
+        return max(0.0, _interpolate(list(self.reduce), nbytes) - self.reduce_call / max(nbytes, 1))
 
     def copy_seconds_per_byte(self, nbytes: int) -> float:
-        """Seconds per byte of a local copy in a call of `nbytes`."""
-        return _interpolate(list(self.copy), nbytes)
+        """Seconds per byte of a local copy in a call of `nbytes` (beyond the copy's `copy_call`)."""
+        return max(0.0, _interpolate(list(self.copy), nbytes) - self.copy_call / max(nbytes, 1))
 
     def alloc_seconds_per_byte(self, nbytes: int) -> float:
         """Seconds per byte of first touching a new buffer of `nbytes` (the algorithms' scratch)."""
@@ -219,6 +225,8 @@ class SharedMemory:
         # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
         self.tracks_writes = bool(profile.written)
         self.receive_reduce_seconds = profile.receive_reduce   # each reducing receive's call
+        # each sum and copy the algorithm code makes, whatever its size (numpy's own call)
+        self.reduce_call_seconds, self.copy_call_seconds = profile.reduce_call, profile.copy_call
 
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
