@@ -98,7 +98,13 @@ def calibrate_table(args: argparse.Namespace) -> int:
         print(f"# {ranks} ranks on {args.cores or profile.cores} cores: 8 B message "
               f"{profile.message[0][1] * 1e6:.2f} us, 1 MiB {(alpha + beta * (1 << 20)) * 1e6:.1f} us, "
               f"start {profile.start * 1e6:.2f} us, "
-              f"spin {profile.spin * 1e6:.1f} us, wake {profile.wake * 1e6:.1f} us; calls "
+              f"spin {profile.spin * 1e6:.1f} us, wake {profile.wake * 1e6:.1f} us"
+              + (f", 8 B sendrecv {profile.exchange_seconds(8) * 1e6:.2f} us"
+                 if profile.exchange_seconds(8) is not None else "")
+              + (f" (one-slot spin {profile.one_slot_spin * 1e6:.1f} us, "
+                 f"wake {profile.one_slot_wake * 1e6:.1f} us)"
+                 if profile.one_slot_spin is not None and profile.one_slot_wake is not None else "")
+              + "; calls "
               + ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in sorted(profile.call.items())))
     print(table(points))
     for ranks in sorted({p.ranks for p in points}):
