@@ -203,3 +203,38 @@ def test_targets_table_judges_ratios():
     assert verdict["any collective vs Gloo", ">= 3x busbw at every size"] == "not met"
     assert verdict["broadcast, 2 ranks", ">= 1.0x MPICH busbw at >= 1 MiB"] == "no data"
     assert any("worst 1.20x at 32 MiB" in line for line in lines)
+
+
+ROTATION_PROGRAM = """
+import json
+from mpi4py import MPI
+from colls.bench.runner import ROUNDS, Contender, Prepared, measure
+from colls.bench.spec import Spec
+
+calls = []
+contenders = [Contender(name, Prepared(lambda name=name: calls.append(name), None), None)
+              for name in ("colls", "MPI", "Gloo")]
+spec = Spec(1, "shm", ("all_reduce",), (8,), warmup=1, iters=ROUNDS, baselines=())
+measure(MPI.COMM_WORLD, contenders, spec)
+print(json.dumps(calls[3:]))   # the timed calls, after one warm-up call each
+"""
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_timed_rounds_start_from_each_contender_in_turn():
+    # each round times one call of each; round k starts from contender k mod 3, so that no
+    # implementation always runs right after the same other one (a big call slows the next ones)
+    from colls.bench.runner import ROUNDS
+
+    result = subprocess.run([find_mpiexec(), "-n", "1", sys.executable, "-c", ROTATION_PROGRAM],
+                            capture_output=True, text=True, timeout=50, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr
+    calls = json.loads(result.stdout.strip().splitlines()[-1])
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert len(rounds) == ROUNDS and all(sorted(r) == ["Gloo", "MPI", "colls"] for r in rounds)
+    assert [r[0] for r in rounds[:3]] == ["colls", "MPI", "Gloo"]
+    # colls follows each of the others at some point (before, it always followed the last one)
+    before_colls = {calls[i - 1] for i in range(1, len(calls)) if calls[i] == "colls"}
+    assert before_colls == {"MPI", "Gloo"}
