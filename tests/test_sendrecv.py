@@ -4,6 +4,7 @@ it to the general path's contract: values, message order across tags, late peers
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -139,3 +140,35 @@ def _broadcast_sizes(comm):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_big_broadcasts_arrive_whole(ranks):
     assert colls.spawn(_broadcast_sizes, ranks, transport="shm", timeout=40) == [[True, True]] * ranks
+
+
+def _protocols(comm, nbytes: int) -> list:
+    """A plain and a reducing sendrecv of `nbytes`: the cross-memory reads each made (0 if none)."""
+    transport, peer = comm.transport, 1 - comm.rank
+    mine = np.arange(nbytes // 4, dtype=np.int32) + 1000 * comm.rank
+    got = np.zeros_like(mine)
+    before = transport.rendezvous_posted[peer]
+    transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
+    plain = transport.rendezvous_posted[peer] - before
+    total = mine.copy()
+    transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    reduced = transport.rendezvous_posted[peer] - before - plain
+    right = got.tolist() == (np.arange(mine.size) + 1000 * peer).tolist() and \
+        total.tolist() == (2 * np.arange(mine.size) + 1000).tolist()
+    return [plain, reduced, right, transport.cma]
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_exchange_beyond_one_slot_goes_by_cross_memory_attach_a_reducing_one_through_the_fifo():
+    # 2 ranks on 2 cores: each reads the other's 512 KiB once (35 us here) instead of both copying
+    # it twice through the FIFO (70 us); a reducing receive reduces straight out of the slots
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores plain exchanges keep the FIFO")
+    for plain, reduced, right, cma in colls.spawn(_protocols, 2, transport="shm", args=(2 * CHUNK,),
+                                                  timeout=40):
+        assert right
+        if not cma:
+            pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+        assert (plain, reduced) == (1, 0)
+    for plain, reduced, right, _ in colls.spawn(_protocols, 2, transport="shm", args=(CHUNK,), timeout=40):
+        assert right and (plain, reduced) == (0, 0)   # one slot: the FIFO's one-slot step
