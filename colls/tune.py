@@ -310,6 +310,7 @@ def profile(comm: Communicator) -> dict:
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
     exchange: dict[str, float] = {}
+    exchange_reduce: dict[str, float] = {}
     written: dict[str, float] = {}
     exchange_written: dict[str, float] = {}
     extra: dict[str, float] = {}
@@ -329,6 +330,10 @@ def profile(comm: Communicator) -> dict:
         # every size: below the rendezvous size a sendrecv is one step (shm's one-slot path), not
         # two messages; from it two cross-memory reads run at once
         exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES}
+        # and reducing (a float32 sum, as the all-reduces' steps): below the FIFO's capacity it
+        # keeps the FIFO where a plain one beyond a slot goes by cross-memory attach
+        exchange_reduce = {str(n): exchange_seconds(pair, rounds[n], n, reduce=True)
+                           for n in PROFILE_MESSAGE_BYTES}
         # the same cross-memory-attach sizes from buffers the sender has just written
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
@@ -352,7 +357,8 @@ def profile(comm: Communicator) -> dict:
     work_call = {kind: work_seconds_per_byte(comm, kind, SMALL_BYTES, workers) * SMALL_BYTES
                  for kind in ("reduce", "copy")}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
-            "exchange_s": exchange, "message_written_s": written, "exchange_written_s": exchange_written,
+            "exchange_s": exchange, "exchange_reduce_s": exchange_reduce,
+            "message_written_s": written, "exchange_written_s": exchange_written,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],

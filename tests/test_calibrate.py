@@ -263,6 +263,14 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
     network = SharedMemory(2, fused)
     assert network.exchange_route(0, 1, 8).alpha == pytest.approx(3e-6 - fused.start)
     assert network.exchange_route(0, 1, MIB) is None   # from the rendezvous size: the general path
+    # a reducing exchange takes its own table, less what the reducing receive charges itself
+    summing = replace(fused, exchange_reduce=((8, 4e-6), (16 * KIB, 9e-6)), receive_reduce=5e-7)
+    route = SharedMemory(2, summing, footprint=16 * KIB).exchange_route(0, 1, 16 * KIB, reducing=True)
+    gamma = summing.reduce_seconds_per_byte(16 * KIB)
+    assert route.alpha == pytest.approx(9e-6 - summing.start - 16 * KIB * gamma - 5e-7)
+    # not measured reducing: the plain table
+    plain_route = SharedMemory(2, fused).exchange_route(0, 1, 8, reducing=True)
+    assert plain_route.alpha == pytest.approx(3e-6 - fused.start)
     # the FIFO sizes do not enter the contention of cross-memory reads
     assert fused.contention(MIB) == replace(fused, exchange=measured[-1:]).contention(MIB) > 1.9
 
@@ -472,8 +480,9 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
                             capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stderr
     measured = json.loads(path.read_text())
-    assert sorted(int(n) for n in measured["exchange_s"]) == sorted(PROFILE_MESSAGE_BYTES)
-    assert all(seconds > 0 for seconds in measured["exchange_s"].values())
+    for table in ("exchange_s", "exchange_reduce_s"):
+        assert sorted(int(n) for n in measured[table]) == sorted(PROFILE_MESSAGE_BYTES)
+        assert all(seconds > 0 for seconds in measured[table].values())
     # polling a slot's head is far cheaper a turn than a request's wait loop
     assert 0 < measured["one_slot_spin_s"] < measured["spin_s"]
     assert measured["one_slot_wake_s"] >= 0

@@ -90,6 +90,7 @@ class Profile:
     # what a byte adds; the simulator charges it once per call of the algorithm code
     reduce_call: float = 0.0
     copy_call: float = 0.0
+    exchange_reduce: tuple[tuple[int, float], ...] = ()   # the exchanges with a float32 sum
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -128,7 +129,9 @@ class Profile:
                    *(combine([e[name] for e in entries]) if all(name in e for e in entries) else None
                      for name in ("one_slot_spin_s", "one_slot_wake_s")),
                    *(combine([e.get(name, 0.0) for e in entries])
-                     for name in ("reduce_call_s", "copy_call_s")))
+                     for name in ("reduce_call_s", "copy_call_s")),
+                   median_table("exchange_reduce_s") if all(e.get("exchange_reduce_s") for e in entries)
+                   else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -147,11 +150,13 @@ class Profile:
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
 
-    def exchange_seconds(self, nbytes: int) -> float | None:
+    def exchange_seconds(self, nbytes: int, reducing: bool = False) -> float | None:
         """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
-        receive, as shm's one-slot path does them together): linear in bytes between the measured
-        sizes around it, the last two's slope beyond them; None if the profile measured none."""
-        points = [(size, t) for size, t in self.exchange if size < self.rendezvous]
+        receive, as shm's one-slot path does them together; `reducing`: the receive a float32
+        sum, where measured): linear in bytes between the measured sizes around it, the last two's
+        slope beyond them; None if the profile measured none."""
+        table = self.exchange_reduce if reducing and self.exchange_reduce else self.exchange
+        points = [(size, t) for size, t in table if size < self.rendezvous]
         if not points:
             return None
         if len(points) == 1:
@@ -231,15 +236,21 @@ class SharedMemory:
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
 
-    def exchange_route(self, src: int, dst: int, nbytes: int) -> Route | None:
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool = False) -> Route | None:
         """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
-        slot and takes the reply straight out (`ShmTransport.sendrecv`), so it costs the measured
-        exchange of its size (less the barrier's start, as a message's does), not a message and two
-        posts; None from the rendezvous size (the general path: messages and reads as above)."""
-        if nbytes >= self.profile.rendezvous:
+        slot and takes the reply straight out (`ShmTransport.sendrecv`), or both ranks read the
+        other's by cross-memory attach (a plain one beyond a slot), so it costs the measured
+        exchange of its size and kind (less the barrier's start, as a message's does; a reducing
+        one less the reduction, which the receive charges), not a message and two posts; None from
+        the rendezvous size (the general path: messages and reads as above)."""
+        profile = self.profile
+        if nbytes >= profile.rendezvous:
             return None
-        seconds = max(0.0, self.profile.exchange_seconds(nbytes) - self.profile.start)
-        return Route(seconds, (), f"fifo to {dst}", eager=True)
+        seconds = profile.exchange_seconds(nbytes, reducing) - profile.start
+        if reducing and profile.exchange_reduce:
+            gamma = profile.reduce_seconds_per_byte(self.footprint or nbytes)
+            seconds -= nbytes * gamma + profile.receive_reduce
+        return Route(max(0.0, seconds), (), f"fifo to {dst}", eager=True)
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
