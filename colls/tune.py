@@ -338,7 +338,7 @@ def profile(comm: Communicator) -> dict:
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
-                            for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
+                            for n in PROFILE_MESSAGE_BYTES}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
         os.sched_setaffinity(0, before)

@@ -268,6 +268,11 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
     route = SharedMemory(2, summing, footprint=16 * KIB).exchange_route(0, 1, 16 * KIB, reducing=True)
     gamma = summing.reduce_seconds_per_byte(16 * KIB)
     assert route.alpha == pytest.approx(9e-6 - summing.start - 16 * KIB * gamma - 5e-7)
+    # from a send buffer written in the call: the written exchanges, where measured
+    dirty = replace(fused, exchange_written=((8, 6e-6), (16 * KIB, 8e-6)))
+    dirty_network = SharedMemory(2, dirty)
+    assert dirty_network.exchange_route(0, 1, 8, written=True).alpha == pytest.approx(6e-6 - fused.start)
+    assert dirty_network.exchange_route(0, 1, 8).alpha == pytest.approx(3e-6 - fused.start)
     # not measured reducing: the plain table
     plain_route = SharedMemory(2, fused).exchange_route(0, 1, 8, reducing=True)
     assert plain_route.alpha == pytest.approx(3e-6 - fused.start)

@@ -551,12 +551,13 @@ class SimWorld:
             self._routes[key] = route
         return route
 
-    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool) -> Route | None:
-        """The (cached) route of a send made in a sendrecv (whose receive is `reducing` or not),
-        from the network's `exchange_route`; None: the network prices it as any other message."""
-        key = ("sendrecv", src, dst, nbytes, reducing)
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool, written: bool) -> Route | None:
+        """The (cached) route of a send made in a sendrecv (whose receive is `reducing` or not, from
+        a buffer the sender has `written` in this run or not), from the network's `exchange_route`;
+        None: the network prices it as any other message."""
+        key = ("sendrecv", src, dst, nbytes, reducing, written)
         if key not in self._routes:
-            self._routes[key] = self.network.exchange_route(src, dst, nbytes, reducing)
+            self._routes[key] = self.network.exchange_route(src, dst, nbytes, reducing, written)
         return self._routes[key]
 
     def post_send(self, message: _Message) -> None:
@@ -727,8 +728,11 @@ class SimTransport(Transport):
         (a transport that does the pair as one step, as shm's one-slot sendrecv), the send takes
         that route and neither side pays a post: the route's α is the whole measured step."""
         world = self.world
-        fused = (world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
-                                      reducer is not None) if world.fuses_exchanges else None)
+        fused = None
+        if world.fuses_exchanges:
+            written = world.written is not None and id(_root(send_buf)) in world.written
+            fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
+                                         reducer is not None, written)
         send = self._send(send_buf, dst, tag, fused)
         receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
         self.me.in_sendrecv = fused is not None

@@ -150,12 +150,17 @@ class Profile:
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
 
-    def exchange_seconds(self, nbytes: int, reducing: bool = False) -> float | None:
+    def exchange_seconds(self, nbytes: int, reducing: bool = False, written: bool = False) -> float | None:
         """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
         receive, as shm's one-slot path does them together; `reducing`: the receive a float32
-        sum, where measured): linear in bytes between the measured sizes around it, the last two's
-        slope beyond them; None if the profile measured none."""
-        table = self.exchange_reduce if reducing and self.exchange_reduce else self.exchange
+        sum, `written`: from send buffers their senders have just written, each where measured):
+        linear in bytes between the measured sizes around it, the last two's slope beyond them;
+        None if the profile measured none."""
+        table = self.exchange
+        if reducing and self.exchange_reduce:
+            table = self.exchange_reduce
+        elif written and any(size < self.rendezvous for size, _ in self.exchange_written):
+            table = self.exchange_written
         points = [(size, t) for size, t in table if size < self.rendezvous]
         if not points:
             return None
@@ -236,17 +241,19 @@ class SharedMemory:
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
 
-    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool = False) -> Route | None:
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool = False,
+                       written: bool = False) -> Route | None:
         """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
         slot and takes the reply straight out (`ShmTransport.sendrecv`), or both ranks read the
         other's by cross-memory attach (a plain one beyond a slot), so it costs the measured
         exchange of its size and kind (less the barrier's start, as a message's does; a reducing
-        one less the reduction, which the receive charges), not a message and two posts; None from
-        the rendezvous size (the general path: messages and reads as above)."""
+        one less the reduction, which the receive charges; one from a buffer the sender `written`
+        in this call slower), not a message and two posts; None from the rendezvous size (the
+        general path: messages and reads as above)."""
         profile = self.profile
         if nbytes >= profile.rendezvous:
             return None
-        seconds = profile.exchange_seconds(nbytes, reducing) - profile.start
+        seconds = profile.exchange_seconds(nbytes, reducing, written) - profile.start
         if reducing and profile.exchange_reduce:
             gamma = profile.reduce_seconds_per_byte(self.footprint or nbytes)
             seconds -= nbytes * gamma + profile.receive_reduce
