@@ -85,15 +85,14 @@ def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
     if size == 1:
         return
     power, new_rank = fold_to_power_of_two(rank, size)
-    scratch = np.empty_like(buf)
     if _fold_in(channel, buf, op, new_rank):
         mask = 1
+        scratch = None   # the outgoing copy, where the transport needs one (made once, reused)
         while mask < power:
             partner = unfold_rank(new_rank ^ mask, size)
             # swap whole partial results with the partner; both compute lower ∘ higher
-            np.copyto(scratch, buf)
             fold = op.into_right if partner < rank else op.into_left
-            channel.exchange(scratch, partner, buf, partner, fold)
+            scratch = channel.exchange_replace(buf, partner, partner, fold, scratch)
             mask <<= 1
     _fold_out(channel, buf, new_rank)
 

@@ -172,3 +172,30 @@ def test_a_plain_exchange_beyond_one_slot_goes_by_cross_memory_attach_a_reducing
         assert (plain, reduced) == (1, 0)
     for plain, reduced, right, _ in colls.spawn(_protocols, 2, transport="shm", args=(CHUNK,), timeout=40):
         assert right and (plain, reduced) == (0, 0)   # one slot: the FIFO's one-slot step
+
+
+def _replace(comm, nbytes: int) -> list:
+    """Both ranks swap `nbytes` of int32 in place, plain then reduced; what each got, and whether a
+    scratch buffer was used each time."""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = nbytes // 4
+    buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    scratch = transport.sendrecv_replace(buf, peer, peer, TAG, time.monotonic() + 20)
+    got = buf.tolist()
+    buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    reused = transport.sendrecv_replace(buf, peer, peer, TAG, time.monotonic() + 20, SUM.into_left, scratch)
+    return [got, buf.tolist(), scratch is not None, reused is scratch]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("nbytes", [8, CHUNK, CHUNK + 4, 4 * CHUNK + 4])
+def test_sendrecv_replace_swaps_and_reduces_in_place(transport, nbytes):
+    results = colls.spawn(_replace, 2, transport=transport, args=(nbytes,), timeout=40)
+    count = nbytes // 4
+    for rank, (got, total, scratched, reused) in enumerate(results):
+        assert got == (np.arange(count) + 1000 * (1 - rank)).tolist()
+        assert total == (2 * np.arange(count) + 1000).tolist()
+        assert reused   # the scratch it returned is the one passed back in (or None both times)
+        # shm copies a one-slot message out of the buffer at once: no scratch copy needed
+        assert scratched == (transport == "local" or nbytes > CHUNK)

@@ -93,6 +93,21 @@ class Transport(ABC):
                    else self.irecv_reduce(recv_buf, src, tag, reducer))
         self.wait_all([send, receive], deadline)
 
+    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
+                         reducer: Reducer | None = None,
+                         scratch: np.ndarray | None = None) -> np.ndarray | None:
+        """Send `buf` to `dst` and receive into it from `src` (combined with what it held by
+        `reducer` when given): MPI_Sendrecv_replace. `scratch`, as big as `buf`, holds the outgoing
+        copy where one is needed (made here if None); returns the scratch to pass next time.
+
+        A transport that copies a small send out of `buf` before it receives (shm's one-slot
+        step) needs no scratch at all."""
+        if scratch is None:
+            scratch = np.empty_like(buf)
+        np.copyto(scratch, buf)
+        self.sendrecv(scratch, dst, buf, src, tag, deadline, reducer)
+        return scratch
+
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
         """A transport for the group `ranks` (this group's ranks, in their new order), or None.
@@ -211,6 +226,21 @@ class Channel:
             traffic.bytes_received[src] += recv_buf.nbytes
         try:
             self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
+        except CollectiveTimeout as error:
+            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def exchange_replace(self, buf: np.ndarray, dst: int, src: int, reducer: Reducer | None = None,
+                         scratch: np.ndarray | None = None) -> np.ndarray | None:
+        """Send `buf` to `dst` and receive into it from `src` (reduced with what it held by
+        `reducer`), as `Transport.sendrecv_replace`; returns the scratch buffer to pass next time."""
+        traffic = self.traffic
+        if traffic is not None:
+            traffic.messages_sent[dst] += 1
+            traffic.bytes_sent[dst] += buf.nbytes
+            traffic.messages_received[src] += 1
+            traffic.bytes_received[src] += buf.nbytes
+        try:
+            return self.transport.sendrecv_replace(buf, dst, src, self.tag, self.deadline, reducer, scratch)
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 

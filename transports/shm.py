@@ -267,6 +267,20 @@ class ShmTransport(Transport):
                    else self.irecv_reduce(recv_buf, src, tag, reducer))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
+    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
+                         reducer: Reducer | None = None,
+                         scratch: np.ndarray | None = None) -> np.ndarray | None:
+        """A message that fits one slot is copied into it at once, which frees `buf` to receive
+        into: no scratch copy. Anything else goes through a scratch buffer (the base class)."""
+        check_buffer(buf, "shm sendrecv")
+        if not self._send_now(buf, dst, tag):
+            return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
+        if not self._receive_now(buf, src, tag, reducer):
+            receive = (self.irecv(buf, src, tag) if reducer is None
+                       else self.irecv_reduce(buf, src, tag, reducer))
+            self.wait_all([receive], deadline)
+        return scratch
+
     def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
         """Write a one-slot message to `peer` now if nothing is queued before it and a slot is free."""
         n = buf.nbytes

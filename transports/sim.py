@@ -741,6 +741,17 @@ class SimTransport(Transport):
         finally:
             self.me.in_sendrecv = False
 
+    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
+                         reducer: Reducer | None = None,
+                         scratch: np.ndarray | None = None) -> np.ndarray | None:
+        """Up to the network's `in_place_exchange_bytes` (shm: one slot, copied out at once), no
+        scratch copy: the send's bytes leave `buf` when posted (a real buffer's are copied then)."""
+        limit = getattr(self.world.network, "in_place_exchange_bytes", 0)
+        if buf.nbytes > limit or not (is_symbolic(buf) or buf.nbytes <= REAL_COPY_BYTES):
+            return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
+        self.sendrecv(buf, dst, buf, src, tag, deadline, reducer)
+        return scratch
+
     def _send(self, buf: np.ndarray, peer: int, tag: int, route: Route | None) -> Request:
         world, me = self.world, self.me
         receiver = world.ranks[self.group.world_ranks[peer]]

@@ -235,6 +235,8 @@ class SharedMemory:
         # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
         self.tracks_writes = bool(profile.written)
         self.receive_reduce_seconds = profile.receive_reduce   # each reducing receive's call
+        # a sendrecv in place up to one slot needs no scratch copy (`ShmTransport.sendrecv_replace`)
+        self.in_place_exchange_bytes = fifo_geometry(size)[0]
         # each sum and copy the algorithm code makes, whatever its size (numpy's own call)
         self.reduce_call_seconds, self.copy_call_seconds = profile.reduce_call, profile.copy_call
 
