@@ -199,3 +199,33 @@ def test_sendrecv_replace_swaps_and_reduces_in_place(transport, nbytes):
         assert reused   # the scratch it returned is the one passed back in (or None both times)
         # shm copies a one-slot message out of the buffer at once: no scratch copy needed
         assert scratched == (transport == "local" or nbytes > CHUNK)
+
+
+def _after_a_receive(comm) -> list:
+    """A big reducing sendrecv into `buf`, then a plain one sending `buf` (its lines are dirty in
+    this core's cache: FIFO), then a plain one sending a buffer this rank has not received into
+    (cross-memory attach); the cross-memory reads each plain one made, and whether values held."""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = 2 * CHUNK // 4
+    x = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    buf, other, got = x.copy(), np.zeros(count, np.int32), np.zeros(count, np.int32)
+    transport.sendrecv(x, peer, buf, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    made = []
+    for send in (buf, x):
+        before = transport.rendezvous_posted[peer]
+        transport.sendrecv(send, peer, got if send is buf else other, peer, TAG, time.monotonic() + 20)
+        made.append(transport.rendezvous_posted[peer] - before)
+    right = (got.tolist() == (2 * np.arange(count) + 1000).tolist()
+             and other.tolist() == (np.arange(count) + 1000 * peer).tolist())
+    return [made, right, transport.cma]
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_exchange_of_what_was_just_received_keeps_the_fifo():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores plain exchanges keep the FIFO")
+    for made, right, cma in colls.spawn(_after_a_receive, 2, transport="shm", timeout=40):
+        assert right
+        if not cma:
+            pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+        assert made == [0, 1]
