@@ -58,20 +58,25 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def add_tune(subparsers: argparse._SubParsersAction) -> None:
-    """`colls tune [--transport T]`: measure the cost model's constants on this machine."""
+    """`colls tune [-n N] [--transport T]`: measure what algorithm selection needs on this machine."""
     parser = subparsers.add_parser(
-        "tune", help="measure per-message and per-byte costs here for algorithm selection",
+        "tune", help="measure per-message and per-byte costs here, and the fastest all_reduce by size",
         description="Ping-pong between two ranks and time a numpy reduction, then save alpha, beta "
-                    "and gamma for the transport to $COLLS_TUNE_FILE (default ~/.cache/colls/tune.json).")
+                    "and gamma for the transport to $COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); "
+                    "then time every all_reduce algorithm from 8 B to 64 MiB on N ranks and save which "
+                    "was fastest where: groups of N ranks over that transport follow it.")
+    parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--transport", choices=("shm", "mpi"), default="shm")
     parser.set_defaults(handler=tune_command, parser=parser)
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    """Run two ranks of `colls.tune` over the chosen transport."""
+    """Run N ranks of `colls.tune` over the chosen transport."""
     from .launcher import launch
 
-    return launch(["-m", "colls.tune"], 2, transport=args.transport, timeout=300)
+    if args.nprocs < 2:
+        args.parser.error("-n must be at least 2")
+    return launch(["-m", "colls.tune"], args.nprocs, transport=args.transport, timeout=600)
 
 
 def add_fuzz(subparsers: argparse._SubParsersAction) -> None:

@@ -1,11 +1,13 @@
 """Which algorithm runs: `algorithm=`, else COLLS_ALGO (read when the communicator is made), else
-the cheapest by the cost model.
+what `colls tune` measured fastest for the group's size, else the cheapest by the cost model.
 
 The model's constants (α, β, γ per transport) come from `colls tune`, which measures them on this
 machine and saves them to COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); without that file,
-defaults measured on a 2-core machine are used. Every rank must choose the same algorithm, so the
-choice depends only on arguments that agree across ranks (collective, group size, bytes) and on
-the file, which ranks of one machine share.
+defaults measured on a 2-core machine are used. `colls tune` also times every all_reduce algorithm
+at sizes from 8 B to 64 MiB on its ranks and saves which was fastest where (rules per transport
+and group size, as Open MPI's tuned decision files): a group of that size follows them. Every
+rank must choose the same algorithm, so the choice depends only on arguments that agree across
+ranks (collective, group size, bytes) and on the file, which ranks of one machine share.
 """
 
 from __future__ import annotations
@@ -40,17 +42,65 @@ def load_machine(transport: str) -> Machine:
         return DEFAULT_MACHINES.get(transport, DEFAULT_MACHINES["shm"])
 
 
+def _read_tune_file() -> dict:
+    try:
+        table = json.loads(tune_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def _write_tune_file(table: dict) -> Path:
+    path = tune_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(table, indent=2) + "\n")
+    os.replace(partial, path)   # whole or not at all: ranks making communicators read it
+    return path
+
+
 def save_machine(transport: str, machine: Machine) -> Path:
     """Record tuned constants for `transport`, keeping the other transports' entries."""
-    path = tune_file()
+    table = _read_tune_file()
+    entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
+    entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
+    table[transport] = entry
+    return _write_tune_file(table)
+
+
+# A rule: (smallest bytes it applies from, algorithm), sorted by bytes; the last one whose bytes
+# are at most the call's decides.
+Rules = list[tuple[int, str]]
+
+
+def save_rules(transport: str, size: int, collective: str, rules: Rules) -> Path:
+    """Record which algorithm `colls tune` measured fastest for `collective` on `size` ranks over
+    `transport`, by size, keeping everything else in the file."""
+    table = _read_tune_file()
+    entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
+    entry.setdefault("rules", {}).setdefault(str(size), {})[collective] = [[n, name] for n, name in rules]
+    table[transport] = entry
+    return _write_tune_file(table)
+
+
+def load_rules(transport: str, size: int) -> dict[str, Rules]:
+    """The measured rules for `size` ranks over `transport`, by collective (empty if none)."""
     try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    table[transport] = {"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=2) + "\n")
-    return path
+        found = _read_tune_file()[transport]["rules"][str(size)]
+        return {collective: sorted((int(n), str(name)) for n, name in rules)
+                for collective, rules in found.items() if rules}
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
+def ruled(rules: Rules, nbytes: int) -> str:
+    """The algorithm `rules` give for a call of `nbytes` (the first rule's below every rule)."""
+    chosen = rules[0][1]
+    for start, name in rules:
+        if nbytes < start:
+            break
+        chosen = name
+    return chosen
 
 
 def pins() -> dict[str, str]:
@@ -98,6 +148,7 @@ class Selector:
         self.size = size
         self.spans_hosts = spans_hosts
         self.machine = load_machine(transport)
+        self.rules = load_rules(transport, size)   # what `colls tune` measured fastest, by size
         self.pinned = pins()   # COLLS_ALGO as it was when the communicator was made (as NCCL's env)
         self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative) -> name
 
@@ -111,6 +162,10 @@ class Selector:
         if self.spans_hosts and collective in HIERARCHICAL and "hierarchical" in pool:
             return Explanation(collective, nbytes, self.size, self.transport, "hierarchical",
                                "ranks span hosts", predicted)
+        rules = self.rules.get(collective)
+        if rules is not None and ruled(rules, nbytes) in pool:
+            return Explanation(collective, nbytes, self.size, self.transport, ruled(rules, nbytes),
+                               "measured fastest by colls tune", predicted)
         modelled = {name: t for name, t in predicted.items() if t != float("inf")}
         if not modelled or collective == "all_to_all_v":
             # per-rank sizes differ in all_to_all_v, so a size-based choice could differ between ranks

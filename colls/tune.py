@@ -30,8 +30,9 @@ from algorithms.cost import Machine
 from algorithms.ops import SUM
 from transports.base import Backoff
 
+from .bench.spec import format_bytes
 from .communicator import Communicator
-from .selection import save_machine
+from .selection import save_machine, save_rules
 
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
@@ -365,6 +366,47 @@ def profile(comm: Communicator) -> dict:
             "copy_call_s": work_call["copy"]}
 
 
+RULE_BYTES = (8, 512, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20,
+              2 << 20, 4 << 20, 16 << 20, 64 << 20)
+RULE_BUDGET_S = 0.1   # per algorithm and size, after a first call that sets how many fit
+
+
+def call_time(comm: Communicator, call, budget_s: float = RULE_BUDGET_S) -> float:
+    """Median over calls, the slowest rank's, of `call()` started right after a barrier."""
+    comm.barrier()
+    start = time.perf_counter()
+    call()
+    first = comm.all_reduce(np.array([time.perf_counter() - start]), op="max", algorithm="recursive_doubling")
+    rounds = int(max(5, min(100, budget_s / max(float(first[0]), 1e-9))))
+    times = []
+    for _ in range(rounds):
+        comm.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(slowest(comm, times))
+
+
+def rules(comm: Communicator, collective: str = "all_reduce",
+          sizes: tuple[int, ...] = RULE_BYTES) -> list[tuple[int, str]]:
+    """Which `collective` algorithm is fastest on `comm`'s ranks at each of `sizes` (float32 sum,
+    as colls bench calls it): the rules `Selector` follows, [(from bytes, algorithm), ...]."""
+    from algorithms import names
+
+    candidates = [name for name in names(collective) if name != "hierarchical"]
+    fastest: list[tuple[int, str]] = []
+    for nbytes in sizes:
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        out = np.empty_like(x)
+        seconds = {name: call_time(comm, lambda name=name, x=x, out=out:
+                                   comm.all_reduce(x, out=out, algorithm=name))
+                   for name in candidates}
+        best = min(candidates, key=lambda name: (seconds[name], name))
+        if not fastest or fastest[-1][1] != best:
+            fastest.append((0 if not fastest else nbytes, best))
+    return fastest
+
+
 def measure(comm: Communicator) -> Machine:
     """α, β, γ for `comm`'s transport (ranks beyond 1 only wait at the barriers)."""
     comm.barrier()
@@ -390,7 +432,7 @@ def main() -> int:
             print(f"{comm.transport.name} at {comm.size} ranks: profile -> {path}")
         return 0
     if comm.size < 2:
-        print("colls tune needs at least 2 ranks: colls tune, or colls run -n 2 -m colls.tune")
+        print("colls tune needs at least 2 ranks: colls tune [-n N], or colls run -n N -m colls.tune")
         return 2
     machine = measure(comm)
     if comm.rank == 0:
@@ -398,6 +440,13 @@ def main() -> int:
         print(f"{comm.transport.name}: alpha {machine.alpha * 1e6:.2f} us, "
               f"beta {1 / machine.beta / 1e9:.2f} GB/s, gamma {1 / machine.gamma / 1e9:.2f} GB/s "
               f"-> {path}")
+    # the algorithms' measured ranking replaces the model's for groups of this size (timed with
+    # the model's choice as it was: the selector reads rules when a communicator is made)
+    measured = rules(comm)
+    if comm.rank == 0:
+        path = save_rules(comm.transport.name, comm.size, "all_reduce", measured)
+        shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in measured)
+        print(f"{comm.transport.name} at {comm.size} ranks: all_reduce {shown} -> {path}")
     return 0
 
 

@@ -149,8 +149,44 @@ def test_colls_tune_measures_and_saves(tmp_path):
     assert 0 < entry["alpha"] < 1e-3            # a message costs microseconds, not milliseconds
     assert 1 / 100e9 < entry["beta"] < 1 / 10e6  # between 10 MB/s and 100 GB/s
     assert 1 / 100e9 < entry["gamma"] < 1 / 10e6
+    # and which all_reduce was fastest where on its 2 ranks: from 8 B, every name a real one
+    rules = entry["rules"]["2"]["all_reduce"]
+    assert rules[0][0] == 0 and [n for n, _ in rules] == sorted({n for n, _ in rules})
+    assert {name for _, name in rules} <= set(colls.algorithms("all_reduce")) - {"hierarchical"}
+    assert "all_reduce" in done.stdout and "from 0 B" in done.stdout
     os.environ["COLLS_TUNE_FILE"] = str(path)
     try:
         assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
+        assert Selector("shm", 2).explain("all_reduce", 8).chosen == rules[0][1]
+        assert "colls tune" in Selector("shm", 2).explain("all_reduce", 8).reason
     finally:
         del os.environ["COLLS_TUNE_FILE"]
+
+
+def test_measured_rules_decide_for_their_group_size_only(monkeypatch, tmp_path):
+    from algorithms.cost import Machine
+    from colls.selection import load_rules, save_machine, save_rules
+
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(path))
+    monkeypatch.delenv("COLLS_ALGO", raising=False)
+    save_rules("shm", 2, "all_reduce", [(0, "ring"), (4096, "tree"), (1 << 20, "ps")])
+    save_machine("shm", Machine(5e-6, 1e-10, 1e-10))   # keeps the rules
+    assert load_rules("shm", 2) == {"all_reduce": [(0, "ring"), (4096, "tree"), (1 << 20, "ps")]}
+    two = Selector("shm", 2)
+    assert [two.explain("all_reduce", n).chosen for n in (8, 4095, 4096, 1 << 19, 1 << 20, 1 << 30)] == \
+        ["ring", "ring", "tree", "tree", "ps", "ps"]
+    assert two.machine.alpha == 5e-6
+    # other group sizes, transports and collectives keep the model
+    modelled = Selector("shm", 4).explain("all_reduce", 8)
+    assert modelled.reason == "cost model"
+    assert Selector("mpi", 2).explain("all_reduce", 8).reason == "cost model"
+    assert two.explain("broadcast", 8).reason == "cost model"
+    # COLLS_ALGO still wins, and a ruled name outside the candidates (a non-commutative op's) is skipped
+    monkeypatch.setenv("COLLS_ALGO", "all_reduce:recursive_doubling")
+    assert Selector("shm", 2).explain("all_reduce", 8).chosen == "recursive_doubling"
+    monkeypatch.delenv("COLLS_ALGO")
+    assert Selector("shm", 2).explain("all_reduce", 8, ["recursive_doubling", "tree"]).reason == "cost model"
+    # a torn or foreign file is no rules
+    path.write_text("{not json")
+    assert load_rules("shm", 2) == {} and Selector("shm", 2).explain("all_reduce", 8).reason == "cost model"
