@@ -218,12 +218,7 @@ class Channel:
                  reducer: Reducer | None = None) -> None:
         """Send `send_buf` to `dst` and receive `recv_buf` from `src` (reduced into it by `reducer`
         when given), both posted before waiting; the buffers must not overlap."""
-        traffic = self.traffic
-        if traffic is not None:
-            traffic.messages_sent[dst] += 1
-            traffic.bytes_sent[dst] += send_buf.nbytes
-            traffic.messages_received[src] += 1
-            traffic.bytes_received[src] += recv_buf.nbytes
+        self._count_exchanged(send_buf.nbytes, dst, recv_buf.nbytes, src)
         try:
             self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
         except CollectiveTimeout as error:
@@ -233,16 +228,19 @@ class Channel:
                          scratch: np.ndarray | None = None) -> np.ndarray | None:
         """Send `buf` to `dst` and receive into it from `src` (reduced with what it held by
         `reducer`), as `Transport.sendrecv_replace`; returns the scratch buffer to pass next time."""
-        traffic = self.traffic
-        if traffic is not None:
-            traffic.messages_sent[dst] += 1
-            traffic.bytes_sent[dst] += buf.nbytes
-            traffic.messages_received[src] += 1
-            traffic.bytes_received[src] += buf.nbytes
+        self._count_exchanged(buf.nbytes, dst, buf.nbytes, src)
         try:
             return self.transport.sendrecv_replace(buf, dst, src, self.tag, self.deadline, reducer, scratch)
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def _count_exchanged(self, sent: int, dst: int, received: int, src: int) -> None:
+        traffic = self.traffic
+        if traffic is not None:
+            traffic.messages_sent[dst] += 1
+            traffic.bytes_sent[dst] += sent
+            traffic.messages_received[src] += 1
+            traffic.bytes_received[src] += received
 
     def _count_received(self, buf: np.ndarray, peer: int) -> None:
         if self.traffic is not None:
