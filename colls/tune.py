@@ -123,14 +123,18 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written:
 
 
 def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
-                     reduce: bool = False) -> float:
+                     reduce: bool = False, after_copy: bool = False) -> float:
     """Median time, the slower rank's, of both ranks of a two-rank `pair` exchanging `nbytes`
     (`Channel.exchange`: a send and a receive posted together) right after a barrier: beside one message
     (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
     two cross-memory-attach reads at once cost (large: they slow each other down); `written`: each
     rank writes its send buffer again before the barrier (see `after_barrier_seconds`); `reduce`:
-    the receive is a float32 sum into the buffer (`recv_reduce`, as the all-reduces post theirs)."""
+    the receive is a float32 sum into the buffer (`recv_reduce`, as the all-reduces post theirs);
+    `after_copy`: each rank first copies `nbytes` between two buffers of its own, untimed, after
+    the barrier (as all_to_all's local block before its exchange: an exchange right after a big
+    memory operation was slower than after a barrier, whatever the copy touched)."""
     buf, incoming = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+    source, target = (np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)) if after_copy else (buf, buf)
     channel = pair.channel("colls tune exchange", timeout=120)
     reducer = SUM.into_right
     times = []
@@ -138,6 +142,8 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
         if written:
             buf.fill(1)
         pair.barrier()
+        if after_copy:
+            np.copyto(target, source)
         start = time.perf_counter()
         # one sendrecv, as the schedules' steps are (shm takes a one-slot message straight out)
         if reduce:
@@ -312,6 +318,7 @@ def profile(comm: Communicator) -> dict:
     message: dict[str, float] = {}
     exchange: dict[str, float] = {}
     exchange_reduce: dict[str, float] = {}
+    exchange_after_copy: dict[str, float] = {}
     written: dict[str, float] = {}
     exchange_written: dict[str, float] = {}
     extra: dict[str, float] = {}
@@ -340,6 +347,8 @@ def profile(comm: Communicator) -> dict:
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
                             for n in PROFILE_MESSAGE_BYTES}
+        exchange_after_copy = {str(n): exchange_seconds(pair, rounds[n], n, after_copy=True)
+                               for n in PROFILE_MESSAGE_BYTES}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
         os.sched_setaffinity(0, before)
@@ -360,6 +369,7 @@ def profile(comm: Communicator) -> dict:
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_s": exchange, "exchange_reduce_s": exchange_reduce,
             "message_written_s": written, "exchange_written_s": exchange_written,
+            "exchange_after_copy_s": exchange_after_copy,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],

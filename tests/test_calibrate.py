@@ -249,7 +249,10 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
 
     import numpy as np
 
-    from transports.sim import SimWorld
+    from transports.shm import fifo_geometry
+    from transports.sim import SimWorld, symbolic
+
+    CHUNK = fifo_geometry(2)[0]
 
     # both ranks exchanging 8 B take 3 us, 16 KiB 5 us (the one-slot step); one message takes
     # 5 us + 1 ns/B, and posting costs 1 us: apart, the exchange would be far dearer
@@ -273,6 +276,25 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
     dirty_network = SharedMemory(2, dirty)
     assert dirty_network.exchange_route(0, 1, 8, written=True).alpha == pytest.approx(6e-6 - fused.start)
     assert dirty_network.exchange_route(0, 1, 8).alpha == pytest.approx(3e-6 - fused.start)
+    # right after a big copy, reduction or receive: the exchanges after a copy, where measured
+    busy = replace(fused, exchange_after_copy=((8, 7e-6), (16 * KIB, 20e-6)))
+    busy_network = SharedMemory(2, busy)
+    assert busy_network.exchange_route(0, 1, 8, written=True, after_work=True).alpha == \
+        pytest.approx(7e-6 - fused.start)
+    assert busy_network.after_work_bytes == CHUNK + 1 and SharedMemory(2, fused).after_work_bytes is None
+
+    def copy_then_swap(copied):
+        def body(transport):
+            out, x = symbolic(2 * CHUNK // 4), symbolic(2 * CHUNK // 4)
+            np.copyto(out[:copied // 4], x[:copied // 4])
+            start = transport.clock
+            transport.sendrecv(x[:2], 1 - transport.rank, out[:2], 1 - transport.rank, 0, float("inf"))
+            return transport.clock - start
+        return body
+
+    # a copy of more than one slot makes the next sendrecv the after-copy one; a smaller one does not
+    assert SimWorld(2, busy_network).run(copy_then_swap(2 * CHUNK)) == [pytest.approx(7e-6 - fused.start)] * 2
+    assert SimWorld(2, busy_network).run(copy_then_swap(CHUNK)) == [pytest.approx(3e-6 - fused.start)] * 2
     # not measured reducing: the plain table
     plain_route = SharedMemory(2, fused).exchange_route(0, 1, 8, reducing=True)
     assert plain_route.alpha == pytest.approx(3e-6 - fused.start)
@@ -485,7 +507,7 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
                             capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stderr
     measured = json.loads(path.read_text())
-    for table in ("exchange_s", "exchange_reduce_s"):
+    for table in ("exchange_s", "exchange_reduce_s", "exchange_written_s", "exchange_after_copy_s"):
         assert sorted(int(n) for n in measured[table]) == sorted(PROFILE_MESSAGE_BYTES)
         assert all(seconds > 0 for seconds in measured[table].values())
     # polling a slot's head is far cheaper a turn than a request's wait loop

@@ -109,6 +109,8 @@ def _charge(nbytes: int, kind: str) -> None:
     if rank is not None:
         world = rank.world
         fixed = 0.0
+        if world.after_work_bytes is not None and kind != "alloc" and nbytes >= world.after_work_bytes:
+            rank.after_work = True
         if kind == "alloc":
             rate = world.alloc_seconds_per_byte(nbytes) if world.alloc_seconds_per_byte else 0.0
         elif kind == "gamma":
@@ -247,6 +249,7 @@ class _Rank:
         self.wake = 0.0               # and what getting it back costs when it resumes
         self.started_at = 0.0         # with time sharing: when it first got a core
         self.in_sendrecv = False      # waits in a fused sendrecv (its spin may differ)
+        self.after_work = False       # its last operation copied, reduced or received a lot
         self.outstanding = 0          # watched requests not yet done while blocked
         self.fiber = None             # its thread's lock, or its greenlet
         self.started = False
@@ -415,6 +418,9 @@ class SimWorld:
         # and per sum or copy in algorithm code, beyond γ or the copy's cost per byte (numpy's call)
         self.reduce_call_seconds = getattr(network, "reduce_call_seconds", 0.0)
         self.copy_call_seconds = getattr(network, "copy_call_seconds", 0.0)
+        # from how many bytes a copy, reduction or receive makes the sendrecv after it dearer (the
+        # network's `exchange_route(..., after_work=True)`); None: never
+        self.after_work_bytes = getattr(network, "after_work_bytes", None)
         # a transport that does a send and a receive posted together as one step (`exchange_route`)
         self.fuses_exchanges = callable(getattr(network, "exchange_route", None))
         sharing = getattr(network, "time_sharing", None)
@@ -551,13 +557,17 @@ class SimWorld:
             self._routes[key] = route
         return route
 
-    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool, written: bool) -> Route | None:
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool, written: bool,
+                       after_work: bool = False) -> Route | None:
         """The (cached) route of a send made in a sendrecv (whose receive is `reducing` or not, from
-        a buffer the sender has `written` in this run or not), from the network's `exchange_route`;
-        None: the network prices it as any other message."""
-        key = ("sendrecv", src, dst, nbytes, reducing, written)
+        a buffer the sender has `written` in this run or not, right `after_work` of the sender's
+        or not), from the network's `exchange_route`; None: the network prices it as any other
+        message."""
+        key = ("sendrecv", src, dst, nbytes, reducing, written, after_work)
         if key not in self._routes:
-            self._routes[key] = self.network.exchange_route(src, dst, nbytes, reducing, written)
+            self._routes[key] = (self.network.exchange_route(src, dst, nbytes, reducing, written, after_work)
+                                 if after_work else self.network.exchange_route(src, dst, nbytes, reducing,
+                                                                                written))
         return self._routes[key]
 
     def post_send(self, message: _Message) -> None:
@@ -645,6 +655,8 @@ class SimWorld:
         reducing = ((recv.nbytes * self.gamma + self.receive_reduce_seconds) * recv.owner.slowdown
                     if recv.reducer is not None else 0.0)
         route = message.route
+        if self.after_work_bytes is not None and recv.nbytes >= self.after_work_bytes:
+            recv.owner.after_work = True
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
             recv.pulled = (per_byte * route.pull + reducing,
@@ -731,8 +743,9 @@ class SimTransport(Transport):
         fused = None
         if world.fuses_exchanges:
             written = world.written is not None and id(_root(send_buf)) in world.written
+            after_work, self.me.after_work = self.me.after_work, False
             fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
-                                         reducer is not None, written)
+                                         reducer is not None, written, after_work)
         send = self._send(send_buf, dst, tag, fused)
         receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
         self.me.in_sendrecv = fused is not None

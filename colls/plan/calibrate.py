@@ -91,6 +91,7 @@ class Profile:
     reduce_call: float = 0.0
     copy_call: float = 0.0
     exchange_reduce: tuple[tuple[int, float], ...] = ()   # the exchanges with a float32 sum
+    exchange_after_copy: tuple[tuple[int, float], ...] = ()   # right after a copy of as many bytes
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -131,7 +132,9 @@ class Profile:
                    *(combine([e.get(name, 0.0) for e in entries])
                      for name in ("reduce_call_s", "copy_call_s")),
                    median_table("exchange_reduce_s") if all(e.get("exchange_reduce_s") for e in entries)
-                   else ())
+                   else (),
+                   median_table("exchange_after_copy_s")
+                   if all(e.get("exchange_after_copy_s") for e in entries) else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -150,16 +153,21 @@ class Profile:
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
 
-    def exchange_seconds(self, nbytes: int, reducing: bool = False, written: bool = False) -> float | None:
+    def exchange_seconds(self, nbytes: int, reducing: bool = False, written: bool = False,
+                         after_work: bool = False) -> float | None:
         """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
         receive, as shm's one-slot path does them together; `reducing`: the receive a float32
-        sum, `written`: from send buffers their senders have just written, each where measured):
-        linear in bytes between the measured sizes around it, the last two's slope beyond them;
-        None if the profile measured none."""
+        sum; `after_work`: right after a copy or reduction of as many bytes or more; `written`: from
+        send buffers their senders have just written; each where measured, in that order): linear
+        in bytes between the measured sizes around it, the last two's slope beyond them; None if
+        the profile measured none."""
         table = self.exchange
+        below = lambda measured: any(size < self.rendezvous for size, _ in measured)  # noqa: E731
         if reducing and self.exchange_reduce:
             table = self.exchange_reduce
-        elif written and any(size < self.rendezvous for size, _ in self.exchange_written):
+        elif after_work and below(self.exchange_after_copy):
+            table = self.exchange_after_copy
+        elif written and below(self.exchange_written):
             table = self.exchange_written
         points = [(size, t) for size, t in table if size < self.rendezvous]
         if not points:
@@ -237,6 +245,9 @@ class SharedMemory:
         self.receive_reduce_seconds = profile.receive_reduce   # each reducing receive's call
         # a sendrecv in place up to one slot needs no scratch copy (`ShmTransport.sendrecv_replace`)
         self.in_place_exchange_bytes = fifo_geometry(size)[0]
+        # a sendrecv right after a copy, a reduction or a receive beyond one slot is priced as the
+        # exchange after a copy (`exchange_after_copy`)
+        self.after_work_bytes = self.in_place_exchange_bytes + 1 if profile.exchange_after_copy else None
         # each sum and copy the algorithm code makes, whatever its size (numpy's own call)
         self.reduce_call_seconds, self.copy_call_seconds = profile.reduce_call, profile.copy_call
 
@@ -244,7 +255,7 @@ class SharedMemory:
             self.exchange_route = None
 
     def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool = False,
-                       written: bool = False) -> Route | None:
+                       written: bool = False, after_work: bool = False) -> Route | None:
         """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
         slot and takes the reply straight out (`ShmTransport.sendrecv`), or both ranks read the
         other's by cross-memory attach (a plain one beyond a slot), so it costs the measured
@@ -255,7 +266,7 @@ class SharedMemory:
         profile = self.profile
         if nbytes >= profile.rendezvous:
             return None
-        seconds = profile.exchange_seconds(nbytes, reducing, written) - profile.start
+        seconds = profile.exchange_seconds(nbytes, reducing, written, after_work) - profile.start
         if reducing and profile.exchange_reduce:
             gamma = profile.reduce_seconds_per_byte(self.footprint or nbytes)
             seconds -= nbytes * gamma + profile.receive_reduce
