@@ -77,6 +77,7 @@ class Op:
             else:
                 self.combine(mine, incoming, accumulator)
 
+        reduce.reads_source = True   # for the simulator: it reads a third buffer (colls plan calibrate)
         return reduce
 
     def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:

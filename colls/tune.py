@@ -123,19 +123,22 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written:
 
 
 def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
-                     reduce: bool = False, after_copy: bool = False) -> float:
+                     reduce: bool | str = False, after_copy: bool = False) -> float:
     """Median time, the slower rank's, of both ranks of a two-rank `pair` exchanging `nbytes`
     (`Channel.exchange`: a send and a receive posted together) right after a barrier: beside one message
     (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
     two cross-memory-attach reads at once cost (large: they slow each other down); `written`: each
     rank writes its send buffer again before the barrier (see `after_barrier_seconds`); `reduce`:
-    the receive is a float32 sum into the buffer (`recv_reduce`, as the all-reduces post theirs);
+    the receive is a float32 sum into the buffer (`recv_reduce`, as the all-reduces post theirs),
+    or with `reduce="source"` one that lands as input ∘ incoming from a third buffer (`Op.from_source`,
+    as Rabenseifner's first step and pairwise reduce_scatter make theirs);
     `after_copy`: each rank first copies `nbytes` between two buffers of its own, untimed, after
     the barrier (as all_to_all's local block before its exchange: an exchange right after a big
     memory operation was slower than after a barrier, whatever the copy touched)."""
     buf, incoming = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
     source, target = (np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)) if after_copy else (buf, buf)
     channel = pair.channel("colls tune exchange", timeout=120)
+    own = np.ones(nbytes // 4, np.float32) if reduce == "source" else None
     reducer = SUM.into_right
     times = []
     for _ in range(rounds):
@@ -147,6 +150,8 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
         start = time.perf_counter()
         # one sendrecv, as the schedules' steps are (shm takes a one-slot message straight out)
         if reduce:
+            if own is not None:
+                reducer = SUM.from_source(own)   # it keeps its place in `own`: one per exchange
             channel.exchange(buf.view(np.float32), 1 - pair.rank, incoming.view(np.float32), 1 - pair.rank,
                              reducer)
         else:
@@ -319,6 +324,7 @@ def profile(comm: Communicator) -> dict:
     exchange: dict[str, float] = {}
     exchange_reduce: dict[str, float] = {}
     exchange_after_copy: dict[str, float] = {}
+    exchange_reduce_source: dict[str, float] = {}
     written: dict[str, float] = {}
     exchange_written: dict[str, float] = {}
     extra: dict[str, float] = {}
@@ -342,6 +348,8 @@ def profile(comm: Communicator) -> dict:
         # keeps the FIFO where a plain one beyond a slot goes by cross-memory attach
         exchange_reduce = {str(n): exchange_seconds(pair, rounds[n], n, reduce=True)
                            for n in PROFILE_MESSAGE_BYTES}
+        exchange_reduce_source = {str(n): exchange_seconds(pair, rounds[n], n, reduce="source")
+                                  for n in PROFILE_MESSAGE_BYTES}
         # the same cross-memory-attach sizes from buffers the sender has just written
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
@@ -369,7 +377,7 @@ def profile(comm: Communicator) -> dict:
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_s": exchange, "exchange_reduce_s": exchange_reduce,
             "message_written_s": written, "exchange_written_s": exchange_written,
-            "exchange_after_copy_s": exchange_after_copy,
+            "exchange_after_copy_s": exchange_after_copy, "exchange_reduce_source_s": exchange_reduce_source,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],

@@ -276,6 +276,30 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
     dirty_network = SharedMemory(2, dirty)
     assert dirty_network.exchange_route(0, 1, 8, written=True).alpha == pytest.approx(6e-6 - fused.start)
     assert dirty_network.exchange_route(0, 1, 8).alpha == pytest.approx(3e-6 - fused.start)
+    # one that lands as input ∘ incoming reads a third buffer: its own table, where measured
+    sourced = replace(summing, exchange_reduce_source=((8, 5e-6), (16 * KIB, 12e-6)))
+    source_route = SharedMemory(2, sourced, footprint=16 * KIB).exchange_route(0, 1, 16 * KIB,
+                                                                               reducing="source")
+    assert source_route.alpha == pytest.approx(12e-6 - summing.start - 16 * KIB * gamma - 5e-7)
+    from algorithms import SUM
+
+    def reduce_from(transport):
+        mine, got = np.ones(2, np.float32), np.zeros(2, np.float32)
+        transport.sendrecv(mine, 1 - transport.rank, got, 1 - transport.rank, 0, float("inf"),
+                           SUM.from_source(mine))
+        return transport.clock
+
+    # the simulator tells a from_source reducer apart: 5 us less the start (and less γ, which this
+    # world, made without one, does not charge back; the receive's call it does)
+    expected = 5e-6 - summing.start - 8 * summing.reduce_seconds_per_byte(8)
+    assert SimWorld(2, SharedMemory(2, sourced)).run(reduce_from)[0] == pytest.approx(expected, rel=1e-9)
+    # and predict hands Rabenseifner its input apart, as colls' all_reduce(x, out=...) does: its
+    # first step is priced by that table (recursive doubling, which copies x first, is not)
+    dear = replace(sourced, exchange_reduce_source=((8, 5e-5), (16 * KIB, 12e-5)))
+    assert predict("all_reduce", "rabenseifner", 2, 4 * KIB, dear) > \
+        predict("all_reduce", "rabenseifner", 2, 4 * KIB, sourced) + 4e-5
+    assert predict("all_reduce", "recursive_doubling", 2, 4 * KIB, dear) == \
+        pytest.approx(predict("all_reduce", "recursive_doubling", 2, 4 * KIB, sourced))
     # right after a big copy, reduction or receive: the exchanges after a copy, where measured
     busy = replace(fused, exchange_after_copy=((8, 7e-6), (16 * KIB, 20e-6)))
     busy_network = SharedMemory(2, busy)

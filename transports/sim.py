@@ -557,7 +557,7 @@ class SimWorld:
             self._routes[key] = route
         return route
 
-    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool, written: bool,
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool | str, written: bool,
                        after_work: bool = False) -> Route | None:
         """The (cached) route of a send made in a sendrecv (whose receive is `reducing` or not, from
         a buffer the sender has `written` in this run or not, right `after_work` of the sender's
@@ -744,8 +744,10 @@ class SimTransport(Transport):
         if world.fuses_exchanges:
             written = world.written is not None and id(_root(send_buf)) in world.written
             after_work, self.me.after_work = self.me.after_work, False
+            # a reducer that reads a third buffer (`Op.from_source`) is priced apart
+            reducing = "source" if getattr(reducer, "reads_source", False) else reducer is not None
             fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
-                                         reducer is not None, written, after_work)
+                                         reducing, written, after_work)
         send = self._send(send_buf, dst, tag, fused)
         receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
         self.me.in_sendrecv = fused is not None

@@ -92,6 +92,7 @@ class Profile:
     copy_call: float = 0.0
     exchange_reduce: tuple[tuple[int, float], ...] = ()   # the exchanges with a float32 sum
     exchange_after_copy: tuple[tuple[int, float], ...] = ()   # right after a copy of as many bytes
+    exchange_reduce_source: tuple[tuple[int, float], ...] = ()   # input ∘ incoming (`from_source`)
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -134,7 +135,9 @@ class Profile:
                    median_table("exchange_reduce_s") if all(e.get("exchange_reduce_s") for e in entries)
                    else (),
                    median_table("exchange_after_copy_s")
-                   if all(e.get("exchange_after_copy_s") for e in entries) else ())
+                   if all(e.get("exchange_after_copy_s") for e in entries) else (),
+                   median_table("exchange_reduce_source_s")
+                   if all(e.get("exchange_reduce_source_s") for e in entries) else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -153,17 +156,20 @@ class Profile:
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
 
-    def exchange_seconds(self, nbytes: int, reducing: bool = False, written: bool = False,
+    def exchange_seconds(self, nbytes: int, reducing: bool | str = False, written: bool = False,
                          after_work: bool = False) -> float | None:
         """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
         receive, as shm's one-slot path does them together; `reducing`: the receive a float32
-        sum; `after_work`: right after a copy or reduction of as many bytes or more; `written`: from
+        sum, `"source"` one from a third buffer (`Op.from_source`); `after_work`: right after a
+        copy or reduction of as many bytes or more; `written`: from
         send buffers their senders have just written; each where measured, in that order): linear
         in bytes between the measured sizes around it, the last two's slope beyond them; None if
         the profile measured none."""
         table = self.exchange
         below = lambda measured: any(size < self.rendezvous for size, _ in measured)  # noqa: E731
-        if reducing and self.exchange_reduce:
+        if reducing == "source" and self.exchange_reduce_source:
+            table = self.exchange_reduce_source
+        elif reducing and self.exchange_reduce:
             table = self.exchange_reduce
         elif after_work and below(self.exchange_after_copy):
             table = self.exchange_after_copy
@@ -254,7 +260,7 @@ class SharedMemory:
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
 
-    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool = False,
+    def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool | str = False,
                        written: bool = False, after_work: bool = False) -> Route | None:
         """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
         slot and takes the reply straight out (`ShmTransport.sendrecv`), or both ranks read the
@@ -330,7 +336,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
         transport.elapse(overhead)   # describe, select, deliver; the first message after the barrier
         if copies_input:
             transport.elapse(nbytes * copy)
-        return run_algorithm(transport, collective, algorithm, nbytes)
+        return run_algorithm(transport, collective, algorithm, nbytes, source=reads_x)
 
     gamma = profile.reduce_seconds_per_byte(nbytes)
     cores_used = network.time_sharing.cores
