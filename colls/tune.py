@@ -73,6 +73,13 @@ PROFILE_MESSAGE_BYTES = (8, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 25
 PROFILE_WORK_BYTES = (1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 PROFILE_ALLOC_BYTES = (1 << 20, 16 << 20, 32 << 20, 64 << 20)
 PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
+# The exchanges a profile times at every message size (`exchange_seconds`' options), by field:
+# plain; reducing in place (a float32 sum, as the all-reduces' steps: below the FIFO's capacity
+# it keeps the FIFO where a plain one beyond a slot goes by cross-memory attach); reducing from
+# the input (`Op.from_source`); from send buffers just written; right after a copy.
+EXCHANGE_KINDS = {"exchange_s": {}, "exchange_reduce_s": {"reduce": True},
+                  "exchange_reduce_source_s": {"reduce": "source"}, "exchange_written_s": {"written": True},
+                  "exchange_after_copy_s": {"after_copy": True}}
 
 
 def slowest(comm: Communicator, times: list[float]) -> list[float]:
@@ -321,12 +328,8 @@ def profile(comm: Communicator) -> dict:
     workers = min(comm.size, cores)
     pair = comm.split(0 if comm.rank < 2 else None)
     message: dict[str, float] = {}
-    exchange: dict[str, float] = {}
-    exchange_reduce: dict[str, float] = {}
-    exchange_after_copy: dict[str, float] = {}
-    exchange_reduce_source: dict[str, float] = {}
+    exchanges: dict[str, dict[str, float]] = {name: {} for name in EXCHANGE_KINDS}
     written: dict[str, float] = {}
-    exchange_written: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
         before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
@@ -341,22 +344,14 @@ def profile(comm: Communicator) -> dict:
         post = max(0.0, exchange_small - after[SMALL_BYTES])
         # a reducing receive's software beyond a plain one's (the reducer's call; γ of 8 B is nil)
         receive_reduce = max(0.0, exchange_seconds(pair, 2000, reduce=True) - exchange_small)
-        # every size: below the rendezvous size a sendrecv is one step (shm's one-slot path), not
-        # two messages; from it two cross-memory reads run at once
-        exchange = {str(n): exchange_seconds(pair, rounds[n], n) for n in PROFILE_MESSAGE_BYTES}
-        # and reducing (a float32 sum, as the all-reduces' steps): below the FIFO's capacity it
-        # keeps the FIFO where a plain one beyond a slot goes by cross-memory attach
-        exchange_reduce = {str(n): exchange_seconds(pair, rounds[n], n, reduce=True)
-                           for n in PROFILE_MESSAGE_BYTES}
-        exchange_reduce_source = {str(n): exchange_seconds(pair, rounds[n], n, reduce="source")
-                                  for n in PROFILE_MESSAGE_BYTES}
-        # the same cross-memory-attach sizes from buffers the sender has just written
+        # every size and kind: below the rendezvous size a sendrecv is one step (shm's one-slot
+        # path), not two messages; from it two cross-memory reads run at once
+        exchanges = {name: {str(n): exchange_seconds(pair, rounds[n], n, **how)
+                            for n in PROFILE_MESSAGE_BYTES}
+                     for name, how in EXCHANGE_KINDS.items()}
+        # a message from a buffer the sender has just written, at the cross-memory-attach sizes
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True) - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
-        exchange_written = {str(n): exchange_seconds(pair, rounds[n], n, written=True)
-                            for n in PROFILE_MESSAGE_BYTES}
-        exchange_after_copy = {str(n): exchange_seconds(pair, rounds[n], n, after_copy=True)
-                               for n in PROFILE_MESSAGE_BYTES}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
         os.sched_setaffinity(0, before)
@@ -375,9 +370,7 @@ def profile(comm: Communicator) -> dict:
     work_call = {kind: work_seconds_per_byte(comm, kind, SMALL_BYTES, workers) * SMALL_BYTES
                  for kind in ("reduce", "copy")}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
-            "exchange_s": exchange, "exchange_reduce_s": exchange_reduce,
-            "message_written_s": written, "exchange_written_s": exchange_written,
-            "exchange_after_copy_s": exchange_after_copy, "exchange_reduce_source_s": exchange_reduce_source,
+            **exchanges, "message_written_s": written,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],

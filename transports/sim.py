@@ -565,9 +565,7 @@ class SimWorld:
         message."""
         key = ("sendrecv", src, dst, nbytes, reducing, written, after_work)
         if key not in self._routes:
-            self._routes[key] = (self.network.exchange_route(src, dst, nbytes, reducing, written, after_work)
-                                 if after_work else self.network.exchange_route(src, dst, nbytes, reducing,
-                                                                                written))
+            self._routes[key] = self.network.exchange_route(src, dst, nbytes, reducing, written, after_work)
         return self._routes[key]
 
     def post_send(self, message: _Message) -> None:
@@ -736,9 +734,9 @@ class SimTransport(Transport):
 
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
-        """A send and a receive posted together. On a network with `exchange_route(src, dst, nbytes)`
-        (a transport that does the pair as one step, as shm's one-slot sendrecv), the send takes
-        that route and neither side pays a post: the route's α is the whole measured step."""
+        """A send and a receive posted together. On a network with `exchange_route` (a transport
+        that does the pair as one step, as shm's one-slot sendrecv), the send takes that route and
+        neither side pays a post: the route's α is the whole measured step."""
         world = self.world
         fused = None
         if world.fuses_exchanges:
