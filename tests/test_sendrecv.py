@@ -127,6 +127,25 @@ def test_big_collective_messages_are_copied_by_both_sides():
     assert helped == 3      # the sender wrote its share of all three (cross-memory attach works here)
 
 
+def _big_exchanges(comm):
+    """Two big collective sendrecvs each way: each rank reads its whole message itself."""
+    transport, peer = comm.transport, 1 - comm.rank
+    correct = []
+    for i, n in enumerate(((2 << 20) + 12, 3 << 20)):
+        send = np.arange(n // 4, dtype=np.int32) * (comm.rank + 2 + i)
+        got = np.zeros_like(send)
+        transport.sendrecv(send, peer, got, peer, TAG + i, time.monotonic() + 20)
+        correct.append(bool((got == np.arange(got.size) * (peer + 2 + i)).all()))
+    return correct, transport.helped[peer], transport.cma
+
+
+@pytest.mark.timeout(60)
+def test_big_sendrecv_does_not_ask_its_busy_sender_for_help():
+    for correct, helped, cma in colls.spawn(_big_exchanges, 2, transport="shm", timeout=40):
+        assert correct == [True, True]
+        assert cma and helped == 0   # the peer was receiving too: it was not asked to copy for me
+
+
 def _broadcast_sizes(comm):
     out = []
     for n in (2 << 20, (5 << 20) + 36):

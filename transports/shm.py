@@ -133,16 +133,17 @@ class _Out(Request):
 
 
 class _In(Request):
-    __slots__ = ("buf", "data", "reducer", "pos", "stash")
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "helpable")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
-                 stash: bool = False) -> None:
+                 stash: bool = False, helpable: bool = True) -> None:
         super().__init__("recv", peer, tag, buf.nbytes)
         self.buf = buf
         self.data = buf.view(np.uint8)
         self.reducer = reducer
         self.pos = 0
         self.stash = stash
+        self.helpable = helpable   # its sender may be asked to copy half (see ShmTransport._ask_help)
 
     def take(self, chunk: np.ndarray) -> None:
         """Copy or reduce one chunk of bytes at the current position."""
@@ -273,8 +274,9 @@ class ShmTransport(Transport):
             if send is not None:
                 self.wait_all([send], deadline)
             return
-        receive = (self.irecv(recv_buf, src, tag) if reducer is None
-                   else self.irecv_reduce(recv_buf, src, tag, reducer))
+        # its sender is exchanging too, with a receive of its own to make: asked to help, it would
+        # copy my half instead of reading its own message (see `_ask_help`)
+        receive = self._post(_In(src, tag, recv_buf, reducer, helpable=False))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
     def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
@@ -433,13 +435,16 @@ class ShmTransport(Transport):
         """Have the sender write the second half of a big plain collective message while I read the
         first; false (read it all myself) where that does not apply. Reductions read it all: the
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
-        not waiting for the ack.
+        not waiting for the ack. And a sendrecv's receive: its sender is receiving too, and helping
+        puts its copy for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
+        bench: 2 MiB 261 -> 229 us, 8 MiB 803 -> 684 us, 16 MiB 1367 -> 1326 us without help).
 
         Known gap: a receiver that gives up on a helped message (its deadline, an abort) cannot
         withdraw the request without an atomic exchange, so a sender that read it just before may
         still write its share into that buffer for a moment after the error was raised."""
         nbytes = request.nbytes
-        if request.reducer is not None or nbytes < HELP_BYTES or request.tag < COLLECTIVE_TAG_BASE:
+        if (request.reducer is not None or nbytes < HELP_BYTES or request.tag < COLLECTIVE_TAG_BASE
+                or not request.helpable):
             return False
         half = nbytes // 2 // 64 * 64
         number = self.acks_given[peer] + 1   # the ack that will complete this message
