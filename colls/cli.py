@@ -58,25 +58,35 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def add_tune(subparsers: argparse._SubParsersAction) -> None:
-    """`colls tune [-n N] [--transport T]`: measure what algorithm selection needs on this machine."""
+    """`colls tune [-n N] [--transport T] [--collectives LIST]`: measure what algorithm selection
+    needs on this machine."""
+    from .bench.spec import COLLECTIVES
+
     parser = subparsers.add_parser(
-        "tune", help="measure per-message and per-byte costs here, and the fastest all_reduce by size",
+        "tune", help="measure per-message and per-byte costs here, and the fastest algorithms by size",
         description="Ping-pong between two ranks and time a numpy reduction, then save alpha, beta "
                     "and gamma for the transport to $COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); "
-                    "then time every all_reduce algorithm from 8 B to 64 MiB on N ranks and save which "
-                    "was fastest where: groups of N ranks over that transport follow it.")
+                    "then time every algorithm of each collective from 8 B to 64 MiB on N ranks and "
+                    "save which was fastest where: groups of N ranks over that transport follow it.")
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--transport", choices=("shm", "mpi"), default="shm")
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES), metavar="LIST",
+                        help=f"which collectives to rank by measurement (default {','.join(COLLECTIVES)})")
     parser.set_defaults(handler=tune_command, parser=parser)
 
 
 def tune_command(args: argparse.Namespace) -> int:
     """Run N ranks of `colls.tune` over the chosen transport."""
+    from .bench.spec import COLLECTIVES
     from .launcher import launch
 
     if args.nprocs < 2:
         args.parser.error("-n must be at least 2")
-    return launch(["-m", "colls.tune"], args.nprocs, transport=args.transport, timeout=600)
+    unknown = sorted(set(args.collectives.split(",")) - set(COLLECTIVES) - {""})
+    if unknown:
+        args.parser.error(f"--collectives: {unknown} unknown; choose from {','.join(COLLECTIVES)}")
+    return launch(["-m", "colls.tune", "--collectives", args.collectives], args.nprocs,
+                  transport=args.transport, timeout=900)
 
 
 def add_fuzz(subparsers: argparse._SubParsersAction) -> None:

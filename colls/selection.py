@@ -3,9 +3,10 @@ what `colls tune` measured fastest for the group's size, else the cheapest by th
 
 The model's constants (α, β, γ per transport) come from `colls tune`, which measures them on this
 machine and saves them to COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); without that file,
-defaults measured on a 2-core machine are used. `colls tune` also times every all_reduce algorithm
-at sizes from 8 B to 64 MiB on its ranks and saves which was fastest where (rules per transport
-and group size, as Open MPI's tuned decision files): a group of that size follows them. Every
+defaults measured on a 2-core machine are used. `colls tune` also times every algorithm of each
+collective `colls bench` times at sizes from 8 B to 64 MiB on its ranks and saves which was
+fastest where (rules per transport, group size and collective, as Open MPI's tuned decision
+files): a group of that size follows them. Every
 rank must choose the same algorithm, so the choice depends only on arguments that agree across
 ranks (collective, group size, bytes) and on the file, which ranks of one machine share.
 """

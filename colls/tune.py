@@ -2,7 +2,9 @@
 
 α and β come from a ping-pong between ranks 0 and 1 over the transport itself (8 B and 4 MiB
 messages, median of many round trips); γ from timing a numpy reduction of 4 MiB in place. Run by
-`colls tune [--transport shm]`, which starts two ranks of `python -m colls.tune`.
+`colls tune [-n N] [--transport shm]`, which starts N ranks of `python -m colls.tune`; they then time
+every algorithm of each collective at sizes from 8 B to 64 MiB and save which was fastest where
+(`rules`).
 
 `colls run -n N -m colls.tune --profile FILE.json` measures instead what `colls plan calibrate
 --profile` models one machine's shared memory with at N ranks (`profile`): the time of one message
@@ -30,7 +32,7 @@ from algorithms.cost import Machine
 from algorithms.ops import SUM
 from transports.base import Backoff
 
-from .bench.spec import format_bytes
+from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_machine, save_rules
 
@@ -380,6 +382,10 @@ def profile(comm: Communicator) -> dict:
 RULE_BYTES = (8, 512, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20,
               2 << 20, 4 << 20, 16 << 20, 64 << 20)
 RULE_BUDGET_S = 0.1   # per algorithm and size, after a first call that sets how many fit
+# a new rule starts only where another algorithm beats the one in force by this much: algorithms
+# that make the same steps at a size (binomial and direct broadcast at 2 ranks) would otherwise
+# take turns by noise
+RULE_MARGIN = 0.05
 
 
 def call_time(comm: Communicator, call, budget_s: float = RULE_BUDGET_S) -> float:
@@ -398,23 +404,37 @@ def call_time(comm: Communicator, call, budget_s: float = RULE_BUDGET_S) -> floa
     return statistics.median(slowest(comm, times))
 
 
+RULE_COLLECTIVES = COLLECTIVES   # what `colls tune` ranks by measurement: every one `colls bench` times
+
+
 def rules(comm: Communicator, collective: str = "all_reduce",
           sizes: tuple[int, ...] = RULE_BYTES) -> list[tuple[int, str]]:
     """Which `collective` algorithm is fastest on `comm`'s ranks at each of `sizes` (float32 sum,
-    as colls bench calls it): the rules `Selector` follows, [(from bytes, algorithm), ...]."""
+    the buffers `colls bench` gives it, sizes as it counts them): the rules `Selector` follows,
+    [(from bytes, algorithm), ...]."""
     from algorithms import names
 
+    from .bench.cases import colls_call, make_case
+
     candidates = [name for name in names(collective) if name != "hierarchical"]
-    fastest: list[tuple[int, str]] = []
+    timed = []
     for nbytes in sizes:
-        x = np.ones(max(1, nbytes // 4), np.float32)
-        out = np.empty_like(x)
-        seconds = {name: call_time(comm, lambda name=name, x=x, out=out:
-                                   comm.all_reduce(x, out=out, algorithm=name))
-                   for name in candidates}
-        best = min(candidates, key=lambda name: (seconds[name], name))
-        if not fastest or fastest[-1][1] != best:
-            fastest.append((0 if not fastest else nbytes, best))
+        case = make_case(collective, nbytes, "sum", "float32", comm.rank, comm.size)
+        timed.append((case.nbytes, {name: call_time(comm, colls_call(comm, case, name)[0])
+                                    for name in candidates}))
+    return rules_from(timed)
+
+
+def rules_from(timed: list[tuple[int, dict[str, float]]]) -> list[tuple[int, str]]:
+    """Rules from (bytes, seconds by algorithm) in rising bytes: the fastest from the first size
+    on, then a new rule wherever another beats the one in force by RULE_MARGIN."""
+    fastest: list[tuple[int, str]] = []
+    for nbytes, seconds in timed:
+        best = min(seconds, key=lambda name: (seconds[name], name))
+        if not fastest:
+            fastest.append((0, best))
+        elif best != fastest[-1][1] and seconds[best] < (1 - RULE_MARGIN) * seconds[fastest[-1][1]]:
+            fastest.append((nbytes, best))
     return fastest
 
 
@@ -453,12 +473,24 @@ def main() -> int:
               f"-> {path}")
     # the algorithms' measured ranking replaces the model's for groups of this size (timed with
     # the model's choice as it was: the selector reads rules when a communicator is made)
-    measured = rules(comm)
-    if comm.rank == 0:
-        path = save_rules(comm.transport.name, comm.size, "all_reduce", measured)
-        shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in measured)
-        print(f"{comm.transport.name} at {comm.size} ranks: all_reduce {shown} -> {path}")
+    for collective in collectives_asked():
+        measured = rules(comm, collective)
+        if comm.rank == 0:
+            path = save_rules(comm.transport.name, comm.size, collective, measured)
+            shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in measured)
+            print(f"{comm.transport.name} at {comm.size} ranks: {collective} {shown} -> {path}")
     return 0
+
+
+def collectives_asked() -> tuple[str, ...]:
+    """The collectives `--collectives a,b` names (default every one in RULE_COLLECTIVES)."""
+    if "--collectives" not in sys.argv:
+        return RULE_COLLECTIVES
+    asked = tuple(name for name in sys.argv[sys.argv.index("--collectives") + 1].split(",") if name)
+    unknown = [name for name in asked if name not in RULE_COLLECTIVES]
+    if unknown:
+        raise SystemExit(f"colls tune --collectives: {unknown} unknown; choose from {RULE_COLLECTIVES}")
+    return asked
 
 
 if __name__ == "__main__":

@@ -149,18 +149,33 @@ def test_colls_tune_measures_and_saves(tmp_path):
     assert 0 < entry["alpha"] < 1e-3            # a message costs microseconds, not milliseconds
     assert 1 / 100e9 < entry["beta"] < 1 / 10e6  # between 10 MB/s and 100 GB/s
     assert 1 / 100e9 < entry["gamma"] < 1 / 10e6
-    # and which all_reduce was fastest where on its 2 ranks: from 8 B, every name a real one
-    rules = entry["rules"]["2"]["all_reduce"]
-    assert rules[0][0] == 0 and [n for n, _ in rules] == sorted({n for n, _ in rules})
-    assert {name for _, name in rules} <= set(colls.algorithms("all_reduce")) - {"hierarchical"}
-    assert "all_reduce" in done.stdout and "from 0 B" in done.stdout
+    # and which algorithm of each collective was fastest where on its 2 ranks: from 8 B, sizes
+    # rising, every name a real one
+    measured = entry["rules"]["2"]
+    assert set(measured) == {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+                             "all_to_all"}
+    for collective, rules in measured.items():
+        starts = [n for n, _ in rules]
+        assert starts[0] == 0 and starts == sorted(set(starts)), (collective, rules)
+        assert {name for _, name in rules} <= set(colls.algorithms(collective)) - {"hierarchical"}
+        assert f"{collective} {rules[0][1]} from 0 B" in done.stdout
     os.environ["COLLS_TUNE_FILE"] = str(path)
     try:
         assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
-        assert Selector("shm", 2).explain("all_reduce", 8).chosen == rules[0][1]
-        assert "colls tune" in Selector("shm", 2).explain("all_reduce", 8).reason
+        for collective, rules in measured.items():
+            explained = Selector("shm", 2).explain(collective, 8)
+            assert explained.chosen == rules[0][1] and "colls tune" in explained.reason, collective
     finally:
         del os.environ["COLLS_TUNE_FILE"]
+
+
+def test_rules_change_algorithm_only_for_a_clear_win():
+    from colls.tune import rules_from
+
+    timed = [(8, {"a": 1.0, "b": 1.2}), (512, {"a": 1.0, "b": 0.97}),   # b 3% faster: noise
+             (4096, {"a": 1.0, "b": 0.9}), (1 << 20, {"a": 0.97, "b": 1.0}),   # b 10%: a new rule
+             (4 << 20, {"a": 0.5, "b": 1.0})]
+    assert rules_from(timed) == [(0, "a"), (4096, "b"), (4 << 20, "a")]
 
 
 def test_measured_rules_decide_for_their_group_size_only(monkeypatch, tmp_path):

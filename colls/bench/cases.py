@@ -8,6 +8,7 @@ compared against the whole buffer through a (rows, PERIOD) view — no full-size
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,3 +113,24 @@ def make_case(collective: str, nbytes: int, op: str, dtype: str, rank: int, rank
     out = np.empty(count_out, dt)
     out.fill(SENTINEL)   # touch every page now, not inside the first timed call
     return Case(collective, op, dt, rank, ranks, x, out, max(count_in, count_out) * dt.itemsize)
+
+
+def colls_call(comm, case: Case, algorithm: str | None) -> tuple[Callable[[], object], np.ndarray | None]:
+    """(the colls call for `case` on `comm`, writing into the case's output; where its result lands)."""
+    x, out, op, kind = case.x, case.out, case.op, case.collective
+    if kind == "all_reduce":
+        return (lambda: comm.all_reduce(x, op=op, out=out, algorithm=algorithm)), out
+    if kind == "broadcast":
+        # the buffers MPI's Bcast gets (baselines.py): in place on the root, `out` elsewhere
+        target = x if case.rank == ROOT else out
+        return (lambda: comm.broadcast(x, root=ROOT, out=target, algorithm=algorithm)), target
+    if kind == "reduce":
+        given = out if case.rank == ROOT else None
+        return (lambda: comm.reduce(x, root=ROOT, op=op, out=given, algorithm=algorithm)), given
+    if kind == "all_gather":
+        return (lambda: comm.all_gather(x, out=out, algorithm=algorithm)), out
+    if kind == "reduce_scatter":
+        return (lambda: comm.reduce_scatter(x, op=op, out=out, algorithm=algorithm)), out
+    if kind == "all_to_all":
+        return (lambda: comm.all_to_all(x, out=out, algorithm=algorithm)), out
+    raise ValueError(f"colls bench has no case for {kind}")

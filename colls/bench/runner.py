@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
-from .cases import Case, make_case
+from .cases import Case, colls_call, make_case
 from .memcheck import run_memcheck
 from .report import Table
-from .spec import ROOT, Spec, bus_factor
+from .spec import Spec, bus_factor
 
 ROUNDS = 20   # the timed calls of the implementations alternate in up to this many rounds
 
@@ -54,24 +54,7 @@ class Colls:
 
     def prepare(self, case: Case) -> Prepared:
         """The colls call for `case`, writing into the case's output."""
-        comm, x, out, algorithm = self.comm, case.x, case.out, self.algorithm
-        op, kind = case.op, case.collective
-        if kind == "all_reduce":
-            return Prepared(lambda: comm.all_reduce(x, op=op, out=out, algorithm=algorithm), out)
-        if kind == "broadcast":
-            # the buffers MPI's Bcast gets (baselines.py): in place on the root, `out` elsewhere
-            target = x if case.rank == ROOT else out
-            return Prepared(lambda: comm.broadcast(x, root=ROOT, out=target, algorithm=algorithm), target)
-        if kind == "reduce":
-            given = out if case.rank == ROOT else None
-            return Prepared(lambda: comm.reduce(x, root=ROOT, op=op, out=given, algorithm=algorithm), given)
-        if kind == "all_gather":
-            return Prepared(lambda: comm.all_gather(x, out=out, algorithm=algorithm), out)
-        if kind == "reduce_scatter":
-            return Prepared(lambda: comm.reduce_scatter(x, op=op, out=out, algorithm=algorithm), out)
-        if kind == "all_to_all":
-            return Prepared(lambda: comm.all_to_all(x, out=out, algorithm=algorithm), out)
-        raise ValueError(f"colls bench has no case for {kind}")
+        return Prepared(*colls_call(self.comm, case, self.algorithm))
 
     def close(self) -> None:
         """Release the transport."""
