@@ -18,7 +18,7 @@ def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int],
                           own: np.ndarray | None = None) -> None:
     """In place: rank r starts holding block r of `buf`; after n-1 steps everyone holds all blocks.
     `own`, when given, holds the same values as my block and is sent in its place (see
-    `recursive_doubling`)."""
+    `recursive_doubling`); it must not overlap `buf` (the callers' `send` is apart from `out`)."""
     rank, size = channel.rank, channel.size
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
@@ -110,6 +110,7 @@ def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     while held < size:
         count = min(held, size - held)
         # send the first `count` blocks I hold to rank r - held; rank r + held's first ones land after mine
+        # my own block first, from `send` rather than its fresh copy (see `recursive_doubling`)
         channel.exchange(send if held == 1 else gathered[:count * block], (rank - held) % size,
                          gathered[held * block:(held + count) * block], (rank + held) % size)
         held += count

@@ -67,7 +67,8 @@ def add_tune(subparsers: argparse._SubParsersAction) -> None:
         description="Ping-pong between two ranks and time a numpy reduction, then save alpha, beta "
                     "and gamma for the transport to $COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); "
                     "then time every algorithm of each collective from 8 B to 64 MiB on N ranks and "
-                    "save which was fastest where: groups of N ranks over that transport follow it.")
+                    "save which was fastest where (a new rule only where another algorithm wins by 5%): "
+                    "groups of N ranks over that transport follow it.")
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--transport", choices=("shm", "mpi"), default="shm")
     parser.add_argument("--collectives", default=",".join(COLLECTIVES), metavar="LIST",
@@ -82,9 +83,10 @@ def tune_command(args: argparse.Namespace) -> int:
 
     if args.nprocs < 2:
         args.parser.error("-n must be at least 2")
-    unknown = sorted(set(args.collectives.split(",")) - set(COLLECTIVES) - {""})
-    if unknown:
-        args.parser.error(f"--collectives: {unknown} unknown; choose from {','.join(COLLECTIVES)}")
+    asked = [name for name in args.collectives.split(",") if name]
+    unknown = sorted(set(asked) - set(COLLECTIVES))
+    if unknown or not asked:
+        args.parser.error(f"--collectives: {unknown or 'none named'}; choose from {','.join(COLLECTIVES)}")
     return launch(["-m", "colls.tune", "--collectives", args.collectives], args.nprocs,
                   transport=args.transport, timeout=900)
 

@@ -5,8 +5,8 @@ The model's constants (α, β, γ per transport) come from `colls tune`, which m
 machine and saves them to COLLS_TUNE_FILE (default ~/.cache/colls/tune.json); without that file,
 defaults measured on a 2-core machine are used. `colls tune` also times every algorithm of each
 collective `colls bench` times at sizes from 8 B to 64 MiB on its ranks and saves which was
-fastest where (rules per transport, group size and collective, as Open MPI's tuned decision
-files): a group of that size follows them. Every
+fastest where (a new rule only where another beats the one in force by 5%; rules per transport,
+group size and collective, as Open MPI's tuned decision files): a group of that size follows them. Every
 rank must choose the same algorithm, so the choice depends only on arguments that agree across
 ranks (collective, group size, bytes) and on the file, which ranks of one machine share.
 """
@@ -80,6 +80,18 @@ def save_rules(transport: str, size: int, collective: str, rules: Rules) -> Path
     table = _read_tune_file()
     entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
     entry.setdefault("rules", {}).setdefault(str(size), {})[collective] = [[n, name] for n, name in rules]
+    table[transport] = entry
+    return _write_tune_file(table)
+
+
+def save_tuned(transport: str, machine: Machine, size: int, rules: dict[str, Rules]) -> Path:
+    """Record what one `colls tune` run measured, constants and rules, in one write."""
+    table = _read_tune_file()
+    entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
+    entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
+    found = entry.setdefault("rules", {}).setdefault(str(size), {})
+    for collective, measured in rules.items():
+        found[collective] = [[n, name] for n, name in measured]
     table[transport] = entry
     return _write_tune_file(table)
 
@@ -163,14 +175,16 @@ class Selector:
         if self.spans_hosts and collective in HIERARCHICAL and "hierarchical" in pool:
             return Explanation(collective, nbytes, self.size, self.transport, "hierarchical",
                                "ranks span hosts", predicted)
+        fallback = DEFAULTS[collective] if DEFAULTS[collective] in pool else pool[0]
+        if collective == "all_to_all_v":
+            # per-rank sizes differ in all_to_all_v, so a size-based choice could differ between ranks
+            return Explanation(collective, nbytes, self.size, self.transport, fallback, "default", predicted)
         rules = self.rules.get(collective)
         if rules is not None and ruled(rules, nbytes) in pool:
             return Explanation(collective, nbytes, self.size, self.transport, ruled(rules, nbytes),
                                "measured fastest by colls tune", predicted)
         modelled = {name: t for name, t in predicted.items() if t != float("inf")}
-        if not modelled or collective == "all_to_all_v":
-            # per-rank sizes differ in all_to_all_v, so a size-based choice could differ between ranks
-            fallback = DEFAULTS[collective] if DEFAULTS[collective] in pool else pool[0]
+        if not modelled:
             return Explanation(collective, nbytes, self.size, self.transport, fallback, "default", predicted)
         best = min(modelled, key=lambda name: (modelled[name], name))
         return Explanation(collective, nbytes, self.size, self.transport, best, "cost model", predicted)

@@ -34,7 +34,7 @@ from transports.base import Backoff
 
 from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
-from .selection import save_machine, save_rules
+from .selection import save_tuned
 
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
@@ -323,31 +323,12 @@ def fresh_seconds_per_byte(nbytes: int) -> float:
     return max(0.0, statistics.median(fresh_times) - statistics.median(warm_times)) / nbytes
 
 
-def profile(comm: Communicator) -> dict:
-    """Everything `colls plan calibrate --profile` models shared memory with, at this group size.
-
-    Messages are timed between ranks 0 and 1 pinned to two cores (the other ranks idle; unpinned,
-    the scheduler now and then puts both on one core and every message becomes a hand-over), right
-    after a barrier; `start_s` is what the barrier adds to the first message; reductions and copies
-    run on as many ranks at once as there are cores. What more ranks than cores add is the model's
-    (`spin_s`, `wake_s`), not the measurement's.
-
-    The barrier before each timed message is another group's (`fence`), as `colls bench` times
-    every call after MPI's barrier, which touches none of the transport's FIFOs. A barrier through
-    the FIFO the message then takes slowed it: measured 2026-12-03, 2 ranks, a 64 KiB message 16.3-
-    16.9 us after a barrier of the same group, 12.8-13.3 us after one of another group or a flag
-    in shared memory, 12.4-12.7 us after MPI's (32 KiB: 11.2, 10.7-11.1, 8.7-9.3 us)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = len(allowed)
-    workers = min(comm.size, cores)
-    pair = comm.split(0 if comm.rank < 2 else None)
-    message: dict[str, float] = {}
-    exchanges: dict[str, dict[str, float]] = {name: {} for name in EXCHANGE_KINDS}
-    written: dict[str, float] = {}
-    extra: dict[str, float] = {}
-    fence = pair.split(0) if pair is not None else None
-    if pair is not None:
-        before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
+def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], cores: int) -> tuple:
+    """`profile`'s measurements between ranks 0 and 1, each pinned to a core of its own (put back
+    before the wake-ups, which share one): (message_s, the exchange tables, message_written_s, the
+    scalar terms)."""
+    before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
+    try:
         cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
@@ -370,12 +351,46 @@ def profile(comm: Communicator) -> dict:
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
+    finally:
         os.sched_setaffinity(0, before)
-        extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
-                 "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
-                 "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin)}
-        fence.close()
-        pair.close()
+    # the wake-ups put both ranks on one core themselves (from every core allowed)
+    extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
+             "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
+             "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin)}
+    return message, exchanges, written, extra
+
+
+def profile(comm: Communicator) -> dict:
+    """Everything `colls plan calibrate --profile` models shared memory with, at this group size.
+
+    Messages are timed between ranks 0 and 1 pinned to two cores (the other ranks idle; unpinned,
+    the scheduler now and then puts both on one core and every message becomes a hand-over), right
+    after a barrier; `start_s` is what the barrier adds to the first message; reductions and copies
+    run on as many ranks at once as there are cores. What more ranks than cores add is the model's
+    (`spin_s`, `wake_s`), not the measurement's.
+
+    The barrier before each timed message is another group's (`fence`), as `colls bench` times
+    every call after MPI's barrier, which touches none of the transport's FIFOs. A barrier through
+    the FIFO the message then takes slowed it: measured 2026-12-03, 2 ranks, a 64 KiB message 16.3-
+    16.9 us after a barrier of the same group, 12.8-13.3 us after one of another group or a flag
+    in shared memory, 12.4-12.7 us after MPI's (32 KiB: 11.2, 10.7-11.1, 8.7-9.3 us)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = len(allowed)
+    workers = min(comm.size, cores)
+    pair = comm.split(0 if comm.rank < 2 else None)
+    message: dict[str, float] = {}
+    exchanges: dict[str, dict[str, float]] = {name: {} for name in EXCHANGE_KINDS}
+    written: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    if pair is not None:
+        fence = None
+        try:
+            fence = pair.split(0)
+            message, exchanges, written, extra = _pair_profile(pair, fence, allowed, cores)
+        finally:
+            if fence is not None:
+                fence.close()
+            pair.close()
     names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
              "one_slot_wake_s")
     shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
@@ -425,8 +440,9 @@ RULE_COLLECTIVES = COLLECTIVES   # what `colls tune` ranks by measurement: every
 def rules(comm: Communicator, collective: str = "all_reduce",
           sizes: tuple[int, ...] = RULE_BYTES) -> list[tuple[int, str]]:
     """Which `collective` algorithm is fastest on `comm`'s ranks at each of `sizes` (float32 sum,
-    the buffers `colls bench` gives it, sizes as it counts them): the rules `Selector` follows,
-    [(from bytes, algorithm), ...]."""
+    the buffers `colls bench` gives it, sizes as it counts them, root 0 for broadcast and reduce):
+    the rules `Selector` follows, [(from bytes, algorithm), ...]. The selector applies them at
+    every root; a binomial reduce to another root sends one message more."""
     from algorithms import names
 
     from .bench.cases import colls_call, make_case
@@ -442,9 +458,14 @@ def rules(comm: Communicator, collective: str = "all_reduce",
 
 def rules_from(timed: list[tuple[int, dict[str, float]]]) -> list[tuple[int, str]]:
     """Rules from (bytes, seconds by algorithm) in rising bytes: the fastest from the first size
-    on, then a new rule wherever another beats the one in force by RULE_MARGIN."""
+    on, then a new rule wherever another beats the one in force by RULE_MARGIN. The last rule holds
+    beyond the largest size measured."""
     fastest: list[tuple[int, str]] = []
+    last = -1
     for nbytes, seconds in timed:
+        if nbytes <= last:
+            continue   # many ranks round small sizes up to one element each: measured already
+        last = nbytes
         best = min(seconds, key=lambda name: (seconds[name], name))
         if not fastest:
             fastest.append((0, best))
@@ -480,31 +501,33 @@ def main() -> int:
     if comm.size < 2:
         print("colls tune needs at least 2 ranks: colls tune [-n N], or colls run -n N -m colls.tune")
         return 2
+    asked = collectives_asked(sys.argv)
     machine = measure(comm)
+    # the algorithms' measured ranking replaces the model's for groups of this size (timed with
+    # the model's choice as it was: the selector reads rules when a communicator is made)
+    measured = {collective: rules(comm, collective) for collective in asked}
     if comm.rank == 0:
-        path = save_machine(comm.transport.name, machine)
+        # one write for everything: a communicator made meanwhile reads the old file or the new
+        path = save_tuned(comm.transport.name, machine, comm.size, measured)
         print(f"{comm.transport.name}: alpha {machine.alpha * 1e6:.2f} us, "
               f"beta {1 / machine.beta / 1e9:.2f} GB/s, gamma {1 / machine.gamma / 1e9:.2f} GB/s "
               f"-> {path}")
-    # the algorithms' measured ranking replaces the model's for groups of this size (timed with
-    # the model's choice as it was: the selector reads rules when a communicator is made)
-    for collective in collectives_asked():
-        measured = rules(comm, collective)
-        if comm.rank == 0:
-            path = save_rules(comm.transport.name, comm.size, collective, measured)
-            shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in measured)
+        for collective, found in measured.items():
+            shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in found)
             print(f"{comm.transport.name} at {comm.size} ranks: {collective} {shown} -> {path}")
     return 0
 
 
-def collectives_asked() -> tuple[str, ...]:
-    """The collectives `--collectives a,b` names (default every one in RULE_COLLECTIVES)."""
-    if "--collectives" not in sys.argv:
+def collectives_asked(argv: list[str]) -> tuple[str, ...]:
+    """The collectives `--collectives a,b` names, once each (default every one in RULE_COLLECTIVES)."""
+    if "--collectives" not in argv:
         return RULE_COLLECTIVES
-    asked = tuple(name for name in sys.argv[sys.argv.index("--collectives") + 1].split(",") if name)
+    at = argv.index("--collectives") + 1
+    asked = tuple(dict.fromkeys(name for name in (argv[at] if at < len(argv) else "").split(",") if name))
     unknown = [name for name in asked if name not in RULE_COLLECTIVES]
-    if unknown:
-        raise SystemExit(f"colls tune --collectives: {unknown} unknown; choose from {RULE_COLLECTIVES}")
+    if unknown or not asked:
+        raise SystemExit(f"colls tune --collectives: {unknown or 'none named'}; choose from "
+                         f"{','.join(RULE_COLLECTIVES)}")
     return asked
 
 

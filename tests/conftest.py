@@ -31,3 +31,16 @@ def no_leaked_segments():
         time.sleep(0.1)
         leaked &= colls_segments()   # only names that stay count: another job's setup is transient
     assert not leaked, f"shared-memory segments left in {SHM_DIR}: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_tune_file_of_the_machine(tmp_path_factory):
+    """The tests select algorithms by the defaults, not by a tune file a developer's `colls tune`
+    left in ~/.cache (tests that want one set COLLS_TUNE_FILE themselves)."""
+    previous = os.environ.get("COLLS_TUNE_FILE")
+    os.environ["COLLS_TUNE_FILE"] = str(tmp_path_factory.mktemp("tune") / "tune.json")
+    yield
+    if previous is None:
+        os.environ.pop("COLLS_TUNE_FILE", None)
+    else:
+        os.environ["COLLS_TUNE_FILE"] = previous

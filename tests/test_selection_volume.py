@@ -135,7 +135,7 @@ def test_broadcast_and_reduce_volumes(size):
 
 
 @pytest.mark.timeout(120)
-def test_colls_tune_measures_and_saves(tmp_path):
+def test_colls_tune_measures_and_saves(tmp_path, monkeypatch):
     import os
     import subprocess
     import sys
@@ -159,14 +159,11 @@ def test_colls_tune_measures_and_saves(tmp_path):
         assert starts[0] == 0 and starts == sorted(set(starts)), (collective, rules)
         assert {name for _, name in rules} <= set(colls.algorithms(collective)) - {"hierarchical"}
         assert f"{collective} {rules[0][1]} from 0 B" in done.stdout
-    os.environ["COLLS_TUNE_FILE"] = str(path)
-    try:
-        assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
-        for collective, rules in measured.items():
-            explained = Selector("shm", 2).explain(collective, 8)
-            assert explained.chosen == rules[0][1] and "colls tune" in explained.reason, collective
-    finally:
-        del os.environ["COLLS_TUNE_FILE"]
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(path))
+    assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
+    for collective, rules in measured.items():
+        explained = Selector("shm", 2).explain(collective, 8)
+        assert explained.chosen == rules[0][1] and "colls tune" in explained.reason, collective
 
 
 def test_rules_change_algorithm_only_for_a_clear_win():
@@ -176,6 +173,19 @@ def test_rules_change_algorithm_only_for_a_clear_win():
              (4096, {"a": 1.0, "b": 0.9}), (1 << 20, {"a": 0.97, "b": 1.0}),   # b 10%: a new rule
              (4 << 20, {"a": 0.5, "b": 1.0})]
     assert rules_from(timed) == [(0, "a"), (4096, "b"), (4 << 20, "a")]
+    # many ranks round the smallest sizes up to one element per rank: a size seen again is skipped
+    assert rules_from([(800, {"a": 1.0, "b": 2.0}), (800, {"a": 2.0, "b": 1.0})]) == [(0, "a")]
+
+
+def test_tune_collectives_argument_is_checked_before_measuring():
+    from colls.tune import RULE_COLLECTIVES, collectives_asked
+
+    assert collectives_asked(["colls.tune"]) == RULE_COLLECTIVES
+    assert collectives_asked(["x", "--collectives", "broadcast,all_reduce,broadcast"]) == ("broadcast",
+                                                                                         "all_reduce")
+    for bad in (["x", "--collectives", "bogus"], ["x", "--collectives", ","], ["x", "--collectives"]):
+        with pytest.raises(SystemExit, match="--collectives"):
+            collectives_asked(bad)
 
 
 def test_measured_rules_decide_for_their_group_size_only(monkeypatch, tmp_path):

@@ -437,7 +437,7 @@ class ShmTransport(Transport):
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
         not waiting for the ack. And a sendrecv's receive: its sender is receiving too, and helping
         puts its copy for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
-        bench: 2 MiB 261 -> 229 us, 8 MiB 803 -> 684 us, 16 MiB 1367 -> 1326 us without help).
+        bench A/B, two runs each: 2 MiB 242 -> 233 us, 16 MiB 1359 -> 1322 us without help).
 
         Known gap: a receiver that gives up on a helped message (its deadline, an abort) cannot
         withdraw the request without an atomic exchange, so a sender that read it just before may
