@@ -62,11 +62,7 @@ def _write_tune_file(table: dict) -> Path:
 
 def save_machine(transport: str, machine: Machine) -> Path:
     """Record tuned constants for `transport`, keeping the other transports' entries."""
-    table = _read_tune_file()
-    entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
-    entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
-    table[transport] = entry
-    return _write_tune_file(table)
+    return save_tuned(transport, machine)
 
 
 # A rule: (smallest bytes it applies from, algorithm), sorted by bytes; the last one whose bytes
@@ -77,21 +73,21 @@ Rules = list[tuple[int, str]]
 def save_rules(transport: str, size: int, collective: str, rules: Rules) -> Path:
     """Record which algorithm `colls tune` measured fastest for `collective` on `size` ranks over
     `transport`, by size, keeping everything else in the file."""
-    table = _read_tune_file()
-    entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
-    entry.setdefault("rules", {}).setdefault(str(size), {})[collective] = [[n, name] for n, name in rules]
-    table[transport] = entry
-    return _write_tune_file(table)
+    return save_tuned(transport, None, size, {collective: rules})
 
 
-def save_tuned(transport: str, machine: Machine, size: int, rules: dict[str, Rules]) -> Path:
-    """Record what one `colls tune` run measured, constants and rules, in one write."""
+def save_tuned(transport: str, machine: Machine | None, size: int = 0,
+               rules: dict[str, Rules] | None = None) -> Path:
+    """Record what `colls tune` measured for `transport` (constants, and rules for `size` ranks by
+    collective) in one write, keeping everything else in the file."""
     table = _read_tune_file()
     entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
-    entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
-    found = entry.setdefault("rules", {}).setdefault(str(size), {})
-    for collective, measured in rules.items():
-        found[collective] = [[n, name] for n, name in measured]
+    if machine is not None:
+        entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
+    if rules:
+        found = entry.setdefault("rules", {}).setdefault(str(size), {})
+        for collective, measured in rules.items():
+            found[collective] = [[n, name] for n, name in measured]
     table[transport] = entry
     return _write_tune_file(table)
 
