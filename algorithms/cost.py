@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .blocks import PIPELINE_CHUNK_BYTES
+from .blocks import PIPELINE_CHUNK_BYTES, SEGMENT_BYTES
 from .registry import CATALOGUE
 
 
@@ -80,6 +80,12 @@ def _pipeline(stages: int, nbytes: float, m: Machine, piece: float = PIPELINE_CH
 @model("all_reduce", "ring")
 def _ring_all_reduce(n: int, s: float, m: Machine) -> float:
     return 2 * (n - 1) * m.alpha + 2 * (n - 1) / n * s * m.beta + (n - 1) / n * s * m.gamma
+
+
+@model("all_reduce", "ring_segmented")
+def _ring_segmented(n: int, s: float, m: Machine) -> float:
+    whole, rest = divmod(s, SEGMENT_BYTES)
+    return whole * _ring_all_reduce(n, SEGMENT_BYTES, m) + (_ring_all_reduce(n, rest, m) if rest else 0.0)
 
 
 @model("all_reduce", "recursive_doubling")

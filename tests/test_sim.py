@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from algorithms import CATALOGUE, SUM, lookup
+from algorithms.cost import Machine, predict
 from colls.plan.simulate import arguments, run_algorithm, simulate, simulate_hierarchical
 from colls.plan.topology import Cluster
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Transport
@@ -106,9 +107,10 @@ def test_same_sends_and_receives_as_a_real_run(collective, algorithm):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("collective,algorithm", [("all_reduce", "tree"), ("broadcast", "pipeline")])
+@pytest.mark.parametrize("collective,algorithm", [("all_reduce", "tree"), ("broadcast", "pipeline"),
+                                                  ("all_reduce", "ring_segmented")])
 def test_same_code_path_for_pipelined_pieces(collective, algorithm):
-    nbytes = 600 << 10   # three 256 KiB pieces
+    nbytes = 600 << 10   # three 256 KiB pieces; two segments (512 KiB and the rest)
     assert sim_trace(collective, algorithm, 3, nbytes) == local_trace(collective, algorithm, 3, nbytes)
 
 
@@ -149,6 +151,19 @@ def test_textbook_costs_at_other_sizes(p):
     ring = TEXTBOOK[("all_reduce", "ring")](p, n)
     assert ideal("all_reduce", "ring", p, n) == pytest.approx(ring, rel=0.01)
     assert ideal("broadcast", "binomial", p, n) == pytest.approx(lg(p) * (ALPHA + n * BETA), rel=0.01)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("nbytes", [100 << 10, (3 << 19) + 4096, 16 << 20])
+def test_segmented_ring_costs_a_ring_per_segment(p, nbytes):
+    # segments of 512 KiB, the last one shorter: each costs what a ring of its size costs
+    whole, rest = divmod(nbytes, 512 << 10)
+    ring = TEXTBOOK[("all_reduce", "ring")]
+    predicted = whole * ring(p, 512 << 10) + (ring(p, rest) if rest else 0.0)
+    assert ideal("all_reduce", "ring_segmented", p, nbytes) == pytest.approx(predicted, rel=0.01)
+    machine = Machine(ALPHA, BETA, GAMMA)
+    assert predict("all_reduce", "ring_segmented", p, nbytes, machine) == pytest.approx(predicted, rel=1e-9)
 
 
 def cross_leaf_ring(p: int, oversubscription: float, interleaved: bool) -> float:
