@@ -346,6 +346,22 @@ def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_tw
         pytest.approx(fused.exchange_seconds(4 * KIB) - cheaper.exchange_seconds(4 * KIB), rel=1e-6)
 
 
+def test_an_exchange_inside_a_bigger_call_costs_at_least_the_calls_rate():
+    from dataclasses import replace
+
+    # exchanges alone: 8 B 3 us, 16 KiB 5 us, 32 KiB 13 us (out of cache: 4x the bytes' cost)
+    measured = ((8, 3e-6), (16 * KIB, 5e-6), (32 * KIB, 13e-6))
+    spilled = replace(profile(), exchange=measured, rendezvous=64 * KIB)
+    alone = SharedMemory(2, spilled, footprint=16 * KIB).exchange_route(0, 1, 16 * KIB)
+    assert alone.alpha == pytest.approx(5e-6 - spilled.start)
+    # a 16 KiB piece of a 32 KiB call: half the 32 KiB exchange, which is dearer per byte
+    piece = SharedMemory(2, spilled, footprint=32 * KIB).exchange_route(0, 1, 16 * KIB)
+    assert piece.alpha == pytest.approx(13e-6 / 2 - spilled.start)
+    # never cheaper than the piece's own exchange: an 8 B piece of that call still costs 3 us
+    small = SharedMemory(2, spilled, footprint=32 * KIB).exchange_route(0, 1, 8)
+    assert small.alpha == pytest.approx(3e-6 - spilled.start)
+
+
 def test_posting_is_the_ranks_own_work_so_an_exchange_costs_more_than_one_message():
     from dataclasses import replace
 

@@ -9,7 +9,8 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   cores: α(n) and a per-byte cost β(n) read off those times, per protocol, since the shm transport
   moves a message below its rendezvous size (the FIFO's capacity) through its FIFO (the sender
   copies in, the receiver copies out) and a larger one by cross-memory attach (the receiver
-  copies straight out of the sender);
+  copies straight out of the sender); a piece of a bigger call moves its bytes no faster than a
+  message or exchange of the call's size (its lines come from where the call's bytes live);
 - those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
   receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
   get half;
@@ -272,7 +273,15 @@ class SharedMemory:
         profile = self.profile
         if nbytes >= profile.rendezvous:
             return None
-        seconds = profile.exchange_seconds(nbytes, reducing, written, after_work) - profile.start
+        seconds = profile.exchange_seconds(nbytes, reducing, written, after_work)
+        if self.footprint > nbytes:
+            # a piece of a bigger call moves its bytes at no better rate than an exchange of the
+            # call's size (as `route_for` prices a big piece): its lines come from where the call's
+            # bytes live. A 2-rank 1 MiB ring_segmented makes four 256 KiB exchanges in 184 us,
+            # where four alone take 126 us.
+            whole = profile.exchange_seconds(self.footprint, reducing, written, after_work)
+            seconds = max(seconds, whole * nbytes / self.footprint)
+        seconds -= profile.start
         if reducing and profile.exchange_reduce:
             gamma = profile.reduce_seconds_per_byte(self.footprint or nbytes)
             seconds -= nbytes * gamma + profile.receive_reduce
