@@ -12,7 +12,7 @@ import numpy as np
 from transports.base import Channel, Request
 
 from .allgather import ring_all_gather_phase
-from .blocks import SEGMENT_BYTES, bounds, fold_to_power_of_two, pieces, unfold_rank
+from .blocks import bounds, fold_to_power_of_two, pieces, segment_bytes, unfold_rank
 from .ops import Op
 from .reduce import direct as direct_reduce
 from .reduce_scatter import ring_reduce_scatter_phase
@@ -40,17 +40,17 @@ def ring(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray | None = 
 
 
 @register("all_reduce", "ring_segmented",
-          "the ring over 512 KiB segments, one after another, so each segment's steps stay in cache",
+          "the ring over segments of n 256 KiB blocks in turn, so each segment's steps stay in cache",
           commutative_only=True, takes_source=True)
 def ring_segmented(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray | None = None) -> None:
-    """Ring all-reduce of each `SEGMENT_BYTES` segment of the buffer in turn.
+    """Ring all-reduce of each `segment_bytes(n)` segment of the buffer in turn (n 256 KiB blocks).
 
     One ring over 1 MiB at 2 ranks works on 3 MiB at once (input, output, the block coming in) and
     spills a 2 MiB L2; its second step finds its lines gone. Segments of 512 KiB keep each ring's
     working set in cache, at the price of one more set of steps per segment (colls tune decides
-    where that pays).
+    where that pays). The segment grows with the group, so each step still moves a 256 KiB block.
     """
-    for start, stop in pieces(buf.shape[0], buf.itemsize, SEGMENT_BYTES):
+    for start, stop in pieces(buf.shape[0], buf.itemsize, segment_bytes(channel.size)):
         ring(channel, buf[start:stop], op, None if source is None else source[start:stop])
 
 

@@ -24,10 +24,18 @@ def offsets(counts: list[int]) -> list[int]:
 
 PIPELINE_CHUNK_BYTES = 256 << 10   # pipelined trees and chains move the buffer in pieces of this size
 
-# The segments of all_reduce `ring_segmented`: a quarter of the 2 MiB L2 of a core of the machine
-# it was measured on, so that a segment's input, output and incoming block stay in cache through
-# its steps. A constant, not read from the machine: every rank must cut the buffer alike.
-SEGMENT_BYTES = 512 << 10
+# The blocks of all_reduce `ring_segmented`: it cuts the buffer in segments of n such blocks (512 KiB
+# at 2 ranks, 1 MiB at 4), so each ring step moves one. At 2 ranks a segment's input, output and
+# incoming block then stay in a core's 2 MiB L2 through its steps. At 4 ranks on 2 cores, 512 KiB
+# segments were slower than 1 MiB ones: each segment's ring is 2(n-1) more steps, each a hand-over
+# of a core (bench/RESULTS.md, `bench/segments.py`). A constant, not read from the machine: every
+# rank must cut the buffer alike.
+SEGMENT_BLOCK_BYTES = 256 << 10
+
+
+def segment_bytes(size: int) -> int:
+    """The segment `ring_segmented` runs one ring over at a time, for a group of `size` ranks."""
+    return size * SEGMENT_BLOCK_BYTES
 
 
 def pieces(count: int, itemsize: int, chunk_bytes: int = PIPELINE_CHUNK_BYTES) -> list[tuple[int, int]]:

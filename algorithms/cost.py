@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .blocks import PIPELINE_CHUNK_BYTES, SEGMENT_BYTES
+from .blocks import PIPELINE_CHUNK_BYTES, segment_bytes
 from .registry import CATALOGUE
 
 
@@ -84,8 +84,9 @@ def _ring_all_reduce(n: int, s: float, m: Machine) -> float:
 
 @model("all_reduce", "ring_segmented")
 def _ring_segmented(n: int, s: float, m: Machine) -> float:
-    whole, rest = divmod(s, SEGMENT_BYTES)
-    return whole * _ring_all_reduce(n, SEGMENT_BYTES, m) + (_ring_all_reduce(n, rest, m) if rest else 0.0)
+    segment = segment_bytes(n)
+    whole, rest = divmod(s, segment)
+    return whole * _ring_all_reduce(n, segment, m) + (_ring_all_reduce(n, rest, m) if rest else 0.0)
 
 
 @model("all_reduce", "recursive_doubling")

@@ -110,7 +110,7 @@ def test_same_sends_and_receives_as_a_real_run(collective, algorithm):
 @pytest.mark.parametrize("collective,algorithm", [("all_reduce", "tree"), ("broadcast", "pipeline"),
                                                   ("all_reduce", "ring_segmented")])
 def test_same_code_path_for_pipelined_pieces(collective, algorithm):
-    nbytes = 600 << 10   # three 256 KiB pieces; two segments (512 KiB and the rest)
+    nbytes = 1000 << 10   # four 256 KiB pieces, the last shorter; at 3 ranks two segments (768 KiB, the rest)
     assert sim_trace(collective, algorithm, 3, nbytes) == local_trace(collective, algorithm, 3, nbytes)
 
 
@@ -157,10 +157,11 @@ def test_textbook_costs_at_other_sizes(p):
 @pytest.mark.parametrize("p", [2, 3, 4])
 @pytest.mark.parametrize("nbytes", [100 << 10, (3 << 19) + 4096, 16 << 20])
 def test_segmented_ring_costs_a_ring_per_segment(p, nbytes):
-    # segments of 512 KiB, the last one shorter: each costs what a ring of its size costs
-    whole, rest = divmod(nbytes, 512 << 10)
+    # segments of p 256 KiB blocks, the last one shorter: each costs what a ring of its size costs
+    segment = p * (256 << 10)
+    whole, rest = divmod(nbytes, segment)
     ring = TEXTBOOK[("all_reduce", "ring")]
-    predicted = whole * ring(p, 512 << 10) + (ring(p, rest) if rest else 0.0)
+    predicted = whole * ring(p, segment) + (ring(p, rest) if rest else 0.0)
     assert ideal("all_reduce", "ring_segmented", p, nbytes) == pytest.approx(predicted, rel=0.01)
     machine = Machine(ALPHA, BETA, GAMMA)
     assert predict("all_reduce", "ring_segmented", p, nbytes, machine) == pytest.approx(predicted, rel=1e-9)
