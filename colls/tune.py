@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -418,20 +419,31 @@ RULE_BUDGET_S = 0.1   # per algorithm and size, after a first call that sets how
 RULE_MARGIN = 0.05
 
 
-def call_time(comm: Communicator, call, budget_s: float = RULE_BUDGET_S) -> float:
-    """Median over calls, the slowest rank's, of `call()` started right after a barrier."""
-    comm.barrier()
-    start = time.perf_counter()
-    call()
-    first = comm.all_reduce(np.array([time.perf_counter() - start]), op="max", algorithm="recursive_doubling")
-    rounds = int(max(5, min(100, budget_s / max(float(first[0]), 1e-9))))
-    times = []
-    for _ in range(rounds):
+def call_times(comm: Communicator, calls: dict[str, Callable[[], object]],
+               budget_s: float = RULE_BUDGET_S) -> dict[str, float]:
+    """Median over rounds, the slowest rank's, of each call started right after a barrier.
+
+    Each round times every call once, starting from the next one each round, so that a burst of
+    load falls on all of them (timed one after another, the one a burst hit lost its size's rule).
+    A first call each sets the rounds: as many as the slowest call fits in `budget_s`, 5 to 100.
+    """
+    names = list(calls)
+    first = np.empty(len(names))
+    for i, name in enumerate(names):
         comm.barrier()
         start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(slowest(comm, times))
+        calls[name]()
+        first[i] = time.perf_counter() - start
+    first = comm.all_reduce(first, op="max", algorithm="recursive_doubling")
+    rounds = int(max(5, min(100, budget_s / max(float(first.max()), 1e-9))))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            comm.barrier()
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(slowest(comm, times[name])) for name in names}
 
 
 RULE_COLLECTIVES = COLLECTIVES   # what `colls tune` ranks by measurement: every one `colls bench` times
@@ -451,8 +463,8 @@ def rules(comm: Communicator, collective: str = "all_reduce",
     timed = []
     for nbytes in sizes:
         case = make_case(collective, nbytes, "sum", "float32", comm.rank, comm.size)
-        timed.append((case.nbytes, {name: call_time(comm, colls_call(comm, case, name)[0])
-                                    for name in candidates}))
+        calls = {name: colls_call(comm, case, name)[0] for name in candidates}
+        timed.append((case.nbytes, call_times(comm, calls)))
     return rules_from(timed)
 
 
