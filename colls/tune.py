@@ -417,15 +417,20 @@ RULE_BUDGET_S = 0.1   # per algorithm and size, after a first call that sets how
 # that make the same steps at a size (binomial and direct broadcast at 2 ranks) would otherwise
 # take turns by noise
 RULE_MARGIN = 0.05
+BLOCKS = 5   # rounds of `call_times`: each times a block of consecutive calls of every algorithm
 
 
 def call_times(comm: Communicator, calls: dict[str, Callable[[], object]],
                budget_s: float = RULE_BUDGET_S) -> dict[str, float]:
-    """Median over rounds, the slowest rank's, of each call started right after a barrier.
+    """Median over calls, the slowest rank's, of each call started right after a barrier.
 
-    Each round times every call once, starting from the next one each round, so that a burst of
-    load falls on all of them (timed one after another, the one a burst hit lost its size's rule).
-    A first call each sets the rounds: as many as the slowest call fits in `budget_s`, 5 to 100.
+    The calls run in blocks of consecutive calls of one algorithm, as a program repeats one call
+    and as `colls bench` times them; the blocks take turns over `BLOCKS` rounds, starting from the
+    next algorithm each round, so that a burst of load falls on all of them (timed one after
+    another, the one a burst hit lost its size's rule). Single calls interleaved instead rank
+    differently from repeated ones: they picked a pipeline broadcast from 1 MiB at 2 ranks, which
+    then ran at 0.64x MPI's in the bench. A first call each sets the calls: as many as the
+    slowest call fits in `budget_s`, 5 to 100.
     """
     names = list(calls)
     first = np.empty(len(names))
@@ -435,14 +440,15 @@ def call_times(comm: Communicator, calls: dict[str, Callable[[], object]],
         calls[name]()
         first[i] = time.perf_counter() - start
     first = comm.all_reduce(first, op="max", algorithm="recursive_doubling")
-    rounds = int(max(5, min(100, budget_s / max(float(first.max()), 1e-9))))
+    count = int(max(5, min(100, budget_s / max(float(first.max()), 1e-9))))
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
+    for r in range(BLOCKS):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            comm.barrier()
-            start = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - start)
+            for _ in range(count // BLOCKS + (r < count % BLOCKS)):
+                comm.barrier()
+                start = time.perf_counter()
+                calls[name]()
+                times[name].append(time.perf_counter() - start)
     return {name: statistics.median(slowest(comm, times[name])) for name in names}
 
 
