@@ -427,10 +427,9 @@ def call_times(comm: Communicator, calls: dict[str, Callable[[], object]],
     The calls run in blocks of consecutive calls of one algorithm, as a program repeats one call
     and as `colls bench` times them; the blocks take turns over `BLOCKS` rounds, starting from the
     next algorithm each round, so that a burst of load falls on all of them (timed one after
-    another, the one a burst hit lost its size's rule). Single calls interleaved instead rank
-    differently from repeated ones: they picked a pipeline broadcast from 1 MiB at 2 ranks, which
-    then ran at 0.64x MPI's in the bench. A first call each sets the calls: as many as the
-    slowest call fits in `budget_s`, 5 to 100.
+    another, the one a burst hit lost its size's rule). Blocks, not single calls interleaved, so
+    that each algorithm is timed as a program that repeats one call runs it. A first call each
+    sets the calls: as many as the slowest call fits in `budget_s`, 5 to 100.
     """
     names = list(calls)
     first = np.empty(len(names))
