@@ -12,7 +12,7 @@ import numpy as np
 from transports.base import Channel, Request
 
 from .allgather import ring_all_gather_phase
-from .blocks import bounds, fold_to_power_of_two, pieces, segment_bytes, unfold_rank
+from .blocks import bounds, doubling_partners, fold_to_power_of_two, pieces, segment_bytes, unfold_rank
 from .ops import Op
 from .reduce import direct as direct_reduce
 from .reduce_scatter import ring_reduce_scatter_phase
@@ -96,20 +96,20 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
           "log2 n rounds of whole-buffer exchanges with rank XOR 2^k: latency-optimal for small buffers")
 def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
     """Recursive doubling (Thakur, Rabenseifner & Gropp 2005), with MPICH's fold for any n."""
-    rank, size = channel.rank, channel.size
-    if size == 1:
+    rank = channel.rank
+    if channel.size == 1:
         return
-    power, new_rank = fold_to_power_of_two(rank, size)
-    if _fold_in(channel, buf, op, new_rank):
-        mask = 1
-        scratch = None   # the outgoing copy, where the transport needs one (made once, reused)
-        while mask < power:
-            partner = unfold_rank(new_rank ^ mask, size)
-            # swap whole partial results with the partner; both compute lower ∘ higher
-            fold = op.into_right if partner < rank else op.into_left
-            scratch = channel.exchange_replace(buf, partner, partner, fold, scratch)
-            mask <<= 1
-    _fold_out(channel, buf, new_rank)
+    new_rank, pairs, partners = doubling_partners(rank, channel.size)
+    if pairs and not _fold_in(channel, buf, op, new_rank):
+        _fold_out(channel, buf, new_rank)   # I handed my buffer on: wait for the result
+        return
+    scratch = None   # the outgoing copy, where the transport needs one (made once, reused)
+    for partner in partners:
+        # swap whole partial results with the partner; both compute lower ∘ higher
+        fold = op.into_right if partner < rank else op.into_left
+        scratch = channel.exchange_replace(buf, partner, partner, fold, scratch)
+    if pairs:
+        _fold_out(channel, buf, new_rank)
 
 
 @register("all_reduce", "rabenseifner",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from . import faults
 
 
@@ -56,6 +58,19 @@ def fold_to_power_of_two(rank: int, size: int) -> tuple[int, int]:
     if rank < 2 * remainder:
         return power, (rank // 2 if rank % 2 else -1)
     return power, rank - remainder
+
+
+@lru_cache(maxsize=1024)
+def doubling_partners(rank: int, size: int) -> tuple[int, bool, tuple[int, ...]]:
+    """Recursive doubling's schedule for `rank` of `size`, worked out once per group (it is on
+    every small all-reduce's path): (my new rank or -1, whether I fold a neighbour's buffer in and
+    out first and last, and my partner's old rank at each step, lowest bit first)."""
+    power, new_rank = fold_to_power_of_two(rank, size)
+    pairs = rank < 2 * (size - power)
+    if new_rank < 0:
+        return new_rank, pairs, ()
+    partners = tuple(unfold_rank(new_rank ^ (1 << step), size) for step in range(power.bit_length() - 1))
+    return new_rank, pairs, partners
 
 
 def unfold_rank(new_rank: int, size: int) -> int:

@@ -54,7 +54,10 @@ class Op:
         """accumulator = accumulator ∘ incoming: the incoming data is from higher ranks."""
         if faults.ACTIVE and "op_order" in faults.ACTIVE:
             return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
-        self.combine(accumulator, incoming, accumulator)
+        if self.is_ufunc:   # `combine` inlined: this runs on every step of every reduction
+            self.fn(accumulator, incoming, out=accumulator)
+        else:
+            self.combine(accumulator, incoming, accumulator)
 
     def from_source(self, source: np.ndarray,
                     lower: bool = False) -> Callable[[np.ndarray, np.ndarray], None]:
@@ -82,7 +85,12 @@ class Op:
 
     def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
         """accumulator = incoming ∘ accumulator: the incoming data is from lower ranks."""
-        self.combine(incoming, accumulator, accumulator)
+        if self.is_ufunc:
+            self.fn(incoming, accumulator, out=accumulator)
+        else:
+            self.combine(incoming, accumulator, accumulator)
+
+    finishes = False   # whether `finish` does anything (callers on a hot path skip the call if not)
 
     def finish(self, result: np.ndarray, size: int) -> None:
         """Post-processing once every contribution is in (AVG divides); nothing for most ops."""
@@ -91,6 +99,8 @@ class Op:
 
 class _Average(Op):
     """SUM, then divide by the number of ranks (integers truncate toward zero, as NCCL's ncclAvg)."""
+
+    finishes = True
 
     def finish(self, result: np.ndarray, size: int) -> None:
         if result.dtype.kind in "fc":

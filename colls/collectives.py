@@ -26,9 +26,8 @@ class Collectives:
         """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
         check = self._check
         x = check.array("all_reduce", x)
-        op = check.op("all_reduce", op, x.dtype)
-        algo = check.algorithm("all_reduce", algorithm, op, x.nbytes)
-        result, work = _result_buffer(check.output("all_reduce", out, x.shape, x.dtype), x.shape, x.dtype)
+        op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
+        result, work = check.result("all_reduce", out, x.shape, x.dtype)
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns
@@ -37,15 +36,16 @@ class Collectives:
                 source = x.reshape(-1)
             else:
                 np.copyto(work, x)
-        flat = work.reshape(-1)
+        flat = work if work.ndim == 1 else work.reshape(-1)
 
         def body(channel):
             if source is None:
                 algo.run(channel, flat, op)
             else:
                 algo.run(channel, flat, op, source)
-            op.finish(flat, self.size)
-            return _deliver(result, work)
+            if op.finishes:
+                op.finish(flat, self.size)
+            return work if result is work else _deliver(result, work)
 
         return self._run("all_reduce", algo.name, x, body, async_op, timeout, op=op)
 
@@ -57,7 +57,7 @@ class Collectives:
         x = check.array("broadcast", x)
         root = check.root("broadcast", root)
         algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
-        result, work = _result_buffer(check.output("broadcast", out, x.shape, x.dtype), x.shape, x.dtype)
+        result, work = check.result("broadcast", out, x.shape, x.dtype)
         if self.rank == root and work is not x:
             np.copyto(work, x)
         flat = work.reshape(-1)
@@ -75,8 +75,7 @@ class Collectives:
         check = self._check
         x = check.array("reduce", x)
         root = check.root("reduce", root)
-        op = check.op("reduce", op, x.dtype)
-        algo = check.algorithm("reduce", algorithm, op, x.nbytes)
+        op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype) if self.rank == root else None
         work = np.array(x, copy=True)   # every rank's buffer is scratch for the tree
         flat = work.reshape(-1)
@@ -100,7 +99,7 @@ class Collectives:
         x = check.rows("all_gather", check.array("all_gather", x))
         algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
-        result, work = _result_buffer(check.output("all_gather", out, shape, x.dtype), shape, x.dtype)
+        result, work = check.result("all_gather", out, shape, x.dtype)
 
         send = _apart_from(x, work)
 
@@ -117,10 +116,9 @@ class Collectives:
         check = self._check
         x = check.rows("reduce_scatter", check.array("reduce_scatter", x))
         rows = check.divisible("reduce_scatter", x)
-        op = check.op("reduce_scatter", op, x.dtype)
-        algo = check.algorithm("reduce_scatter", algorithm, op, x.nbytes)
+        op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
         shape = (rows, *x.shape[1:])
-        result, work = _result_buffer(check.output("reduce_scatter", out, shape, x.dtype), shape, x.dtype)
+        result, work = check.result("reduce_scatter", out, shape, x.dtype)
         # most schedules fold partial sums into their input buffer, so they get a copy; one that
         # only reads it is given `x` itself (unless the output overlaps it)
         if algo.reads_input_only and not np.shares_memory(x, work):
@@ -143,7 +141,7 @@ class Collectives:
         x = check.rows("all_to_all", check.array("all_to_all", x))
         check.divisible("all_to_all", x)
         algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
-        result, work = _result_buffer(check.output("all_to_all", out, x.shape, x.dtype), x.shape, x.dtype)
+        result, work = check.result("all_to_all", out, x.shape, x.dtype)
         send = _apart_from(x, work)
 
         def body(channel):
@@ -187,7 +185,7 @@ class Collectives:
         shape = (self.size * x.shape[0], *x.shape[1:])
         result = work = None
         if self.rank == root:
-            result, work = _result_buffer(check.output("gather", out, shape, x.dtype), shape, x.dtype)
+            result, work = check.result("gather", out, shape, x.dtype)
 
         def body(channel):
             algo.run(channel, x.reshape(-1), None if work is None else work.reshape(-1), root)
@@ -211,7 +209,7 @@ class Collectives:
         rows = check.divisible("scatter", x)
         algo = check.algorithm("scatter", algorithm, None, x.nbytes)
         shape = (rows, *x.shape[1:])
-        result, work = _result_buffer(check.output("scatter", out, shape, x.dtype), shape, x.dtype)
+        result, work = check.result("scatter", out, shape, x.dtype)
 
         def body(channel):
             algo.run(channel, x.reshape(-1) if self.rank == root else None, work.reshape(-1), root)
@@ -224,17 +222,6 @@ class Collectives:
         """Return only once every rank of the group has entered the barrier."""
         algo = self._check.algorithm("barrier", algorithm)
         return self._run("barrier", algo.name, None, algo.run, async_op, timeout)
-
-
-def _result_buffer(given: np.ndarray | None, shape: tuple[int, ...],
-                   dtype: np.dtype) -> tuple[np.ndarray | None, np.ndarray]:
-    """(what to return into, where algorithms write): the user's `out` itself when contiguous."""
-    if given is None:
-        work = np.empty(shape, dtype)
-        return work, work
-    if given.flags.c_contiguous:
-        return given, given
-    return given, np.empty(shape, dtype)   # strided out: work contiguously, copy back at the end
 
 
 def _apart_from(x: np.ndarray, work: np.ndarray) -> np.ndarray:

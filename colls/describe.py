@@ -65,7 +65,12 @@ class Validator:
     def __init__(self, rank: int, size: int, selector: Selector) -> None:
         self.rank = rank
         self.size = size
+        self.use(selector)
+
+    def use(self, selector: Selector) -> None:
+        """Choose algorithms with `selector` from now on (a communicator that learned its hosts)."""
         self.selector = selector
+        self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -75,7 +80,7 @@ class Validator:
         """`x` as a C-contiguous numpy array (copied if it was not), or InvalidArgument."""
         if x is None:
             raise self.fail(collective, f"{name} is None; pass a numpy array")
-        array = np.asarray(x)
+        array = x if type(x) is np.ndarray else np.asarray(x)
         if array.dtype.hasobject:
             raise self.fail(collective, f"{name} has dtype {array.dtype}; object arrays cannot be sent")
         if not array.flags.c_contiguous:
@@ -95,6 +100,18 @@ class Validator:
         if not out.flags.writeable:
             raise self.fail(collective, f"{name} is read-only")
         return out
+
+    def result(self, collective: str, out: object, shape: tuple[int, ...],
+               dtype: np.dtype) -> tuple[np.ndarray | None, np.ndarray]:
+        """(what the call returns into, where its algorithm writes), after checking `out`: the
+        user's `out` itself when it is contiguous, else a fresh buffer copied into it at the end."""
+        if out is None:
+            work = np.empty(shape, dtype)
+            return work, work
+        given = self.output(collective, out, shape, dtype)
+        if given.flags.c_contiguous:
+            return given, given
+        return given, np.empty(shape, dtype)   # strided out: work contiguously, copy back at the end
 
     def root(self, collective: str, root: object) -> int:
         """`root` as an int in range."""
@@ -121,6 +138,25 @@ class Validator:
         except TypeError as error:
             raise TypeError(f"rank {self.rank}: {collective}: {error}") from None
         return op
+
+    def reduction(self, collective: str, op: object, dtype: np.dtype, algorithm: str | None,
+                  nbytes: int) -> tuple[Op, Algorithm]:
+        """`op` and the algorithm of a reducing call, checked as `op` and `algorithm` do; memoised
+        by the call's signature, since a program repeats the same few calls (on every call's path)."""
+        key = (collective, op, dtype, algorithm, nbytes)
+        try:
+            return self._reductions[key]
+        except KeyError:
+            pass
+        except TypeError:   # an unhashable op: checked below, and refused there
+            key = None
+        checked = self.op(collective, op, dtype)
+        found = (checked, self.algorithm(collective, algorithm, checked, nbytes))
+        if key is not None:
+            if len(self._reductions) > 4096:
+                self._reductions.clear()
+            self._reductions[key] = found
+        return found
 
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from transports.errors import CollectiveTimeout
@@ -84,16 +85,16 @@ class Executor:
         self._pending = 0                  # queued or running on the worker
         self._worker: threading.Thread | None = None
 
-    def run(self, job: Callable[[], Any], description: object, async_op: bool) -> Any:
-        """Run `job` now (blocking) or on the worker (async), keeping issue order either way."""
+    def run(self, description: object, async_op: bool, job: Callable[..., Any], *args: Any) -> Any:
+        """Run `job(*args)` now (blocking) or on the worker (async), keeping issue order either way."""
         if not async_op:
             # reading an int needs no lock: work this thread queued keeps it non-zero until done,
             # and calls made at once from several threads have no order to keep anyway
-            if self._pending == 0:
+            if self.idle():
                 with self._running:
-                    return job()
-            return self.submit(job, description).wait()
-        return self.submit(job, description)
+                    return job(*args)   # the common case: no closure, no hand-off
+            return self.submit(partial(job, *args), description).wait()
+        return self.submit(partial(job, *args), description)
 
     def submit(self, job: Callable[[], Any], description: object) -> Work:
         """Queue `job` behind everything issued before it; returns its handle."""
@@ -123,6 +124,10 @@ class Executor:
             with self._cond:
                 self._pending -= 1
                 self._cond.notify_all()
+
+    def idle(self) -> bool:
+        """Whether no asynchronous job is queued or running: a blocking call may then run in line."""
+        return self._pending == 0
 
     def exclusive(self) -> threading.Lock:
         """The lock that keeps the transport to one user at a time (held while any job runs)."""
