@@ -263,12 +263,12 @@ class ShmTransport(Transport):
             # once, see `exchange_rendezvous_bytes`), unless it sends what my last big sendrecv
             # received: those lines are dirty in my cache, and the peer's read of them was slower
             # than the FIFO (a 512 KiB all-gather step after a reducing one: 117 us against 85 us)
-            start = send_buf.ctypes.data
+            start = cma.address_of(send_buf)
             low, high = self.last_received
             rendezvous = not (start < high and low < start + n)
         send = None if self._send_now(send_buf, dst, tag) else self._isend(send_buf, dst, tag, rendezvous)
         if recv_buf.nbytes > self.chunk:
-            address = recv_buf.ctypes.data
+            address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
         if self._receive_now(recv_buf, src, tag, reducer):
             if send is not None:
@@ -366,7 +366,8 @@ class ShmTransport(Transport):
             if send.rendezvous and not send.started:
                 if free <= 0:
                     break
-                fifo.headers[head % slots] = (send.tag, send.nbytes, send.data.ctypes.data, RENDEZVOUS_CHUNK)
+                fifo.headers[head % slots] = (send.tag, send.nbytes, cma.address_of(send.data),
+                                              RENDEZVOUS_CHUNK)
                 head += 1
                 fifo.control[0] = head
                 send.started = True
@@ -449,7 +450,7 @@ class ShmTransport(Transport):
         half = nbytes // 2 // 64 * 64
         number = self.acks_given[peer] + 1   # the ack that will complete this message
         ctl = self.inbound[peer].ctl
-        ctl[HELP_ASK + 1] = request.data[half:].ctypes.data
+        ctl[HELP_ASK + 1] = cma.address_of(request.data[half:])
         ctl[HELP_ASK + 2] = half
         ctl[HELP_ASK + 3] = nbytes - half
         ctl[HELP_ASK] = number               # publish the request last
