@@ -49,6 +49,7 @@ class Communicator(Collectives):
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
         self._tracer = Tracer(name, self.rank)
+        self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_job`
         self.closed = False
 
     def __repr__(self) -> str:
@@ -72,7 +73,7 @@ class Communicator(Collectives):
         traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
         nbytes = 0 if x is None else x.nbytes
         executor = self._executor
-        if async_op or not executor.idle():
+        if async_op or executor.pending:
             return executor.run(description, async_op, self._job, body, description, seq, deadline_s,
                                 traffic, nbytes)
         with executor.exclusive():   # what `executor.run` would do, a frame less: every call makes this step
@@ -82,8 +83,13 @@ class Communicator(Collectives):
              traffic: Traffic, nbytes: int) -> Any:
         """Run one call's schedule over a fresh channel, now that every call before it has run."""
         traffic.calls += 1
-        channel = Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + deadline_s,
-                          description, traffic)
+        # one channel per communicator, pointed at each call in turn (jobs run one at a time): no
+        # object made per call on the path every call takes
+        channel = self._channel
+        channel.tag = COLLECTIVE_TAG_BASE + seq
+        channel.deadline = time.monotonic() + deadline_s
+        channel.what = description
+        channel.traffic = traffic
         tracer = self._tracer
         try:
             if not tracer.active:

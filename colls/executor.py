@@ -82,7 +82,7 @@ class Executor:
         self._running = threading.Lock()   # held while a job runs, inline or on the worker
         self._cond = threading.Condition()
         self._queue: deque[tuple[Callable[[], Any], Work]] = deque()
-        self._pending = 0                  # queued or running on the worker
+        self.pending = 0   # jobs queued or running on the worker; none: a blocking call runs in line
         self._worker: threading.Thread | None = None
 
     def run(self, description: object, async_op: bool, job: Callable[..., Any], *args: Any) -> Any:
@@ -90,7 +90,7 @@ class Executor:
         if not async_op:
             # reading an int needs no lock: work this thread queued keeps it non-zero until done,
             # and calls made at once from several threads have no order to keep anyway
-            if self.idle():
+            if self.pending == 0:
                 with self._running:
                     return job(*args)   # the common case: no closure, no hand-off
             return self.submit(partial(job, *args), description).wait()
@@ -101,7 +101,7 @@ class Executor:
         work = Work(description)
         with self._cond:
             self._queue.append((job, work))
-            self._pending += 1
+            self.pending += 1
             if self._worker is None:
                 self._worker = threading.Thread(target=self._loop, name=f"colls-{self.name}", daemon=True)
                 self._worker.start()
@@ -122,12 +122,8 @@ class Executor:
             else:
                 work._finish(result)
             with self._cond:
-                self._pending -= 1
+                self.pending -= 1
                 self._cond.notify_all()
-
-    def idle(self) -> bool:
-        """Whether no asynchronous job is queued or running: a blocking call may then run in line."""
-        return self._pending == 0
 
     def exclusive(self) -> threading.Lock:
         """The lock that keeps the transport to one user at a time (held while any job runs)."""
@@ -136,4 +132,4 @@ class Executor:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no asynchronous job is queued or running; false on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            return self._cond.wait_for(lambda: self.pending == 0, timeout)
