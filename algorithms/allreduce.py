@@ -12,7 +12,7 @@ import numpy as np
 from transports.base import Channel, Request
 
 from .allgather import ring_all_gather_phase
-from .blocks import bounds, doubling_partners, fold_to_power_of_two, pieces, segment_bytes, unfold_rank
+from .blocks import bounds, doubling_partners, pieces, segment_bytes, unfold_rank
 from .ops import Op
 from .reduce import direct as direct_reduce
 from .reduce_scatter import ring_reduce_scatter_phase
@@ -100,8 +100,8 @@ def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
     if channel.size == 1:
         return
     new_rank, pairs, partners = doubling_partners(rank, channel.size)
-    if pairs and not _fold_in(channel, buf, op, new_rank):
-        _fold_out(channel, buf, new_rank)   # I handed my buffer on: wait for the result
+    if pairs and not _fold_in(channel, buf, op, new_rank, pairs):
+        _fold_out(channel, buf, new_rank, pairs)   # I handed my buffer on: wait for the result
         return
     scratch = None   # the outgoing copy, where the transport needs one (made once, reused)
     for partner in partners:
@@ -109,7 +109,7 @@ def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
         fold = op.into_right if partner < rank else op.into_left
         scratch = channel.exchange_replace(buf, partner, partner, fold, scratch)
     if pairs:
-        _fold_out(channel, buf, new_rank)
+        _fold_out(channel, buf, new_rank, pairs)
 
 
 @register("all_reduce", "rabenseifner",
@@ -122,13 +122,14 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray |
     lands my half as source ∘ incoming; ranks taking part in the fold copy it first.
     """
     rank, size = channel.rank, channel.size
-    power, new_rank = fold_to_power_of_two(rank, size)
-    if source is not None and (size == 1 or rank < 2 * (size - power)):
+    new_rank, pairs, _ = doubling_partners(rank, size)
+    if source is not None and (size == 1 or pairs):
         np.copyto(buf, source)
         source = None
     if size == 1:
         return
-    if _fold_in(channel, buf, op, new_rank):
+    if _fold_in(channel, buf, op, new_rank, pairs):
+        power = 1 << (size.bit_length() - 1)
         starts = bounds(buf.shape[0], power)
         low, high = 0, power          # the blocks I am still responsible for
         # Halve with the lowest bit first, so each step joins two *adjacent* ranges of ranks and
@@ -160,7 +161,7 @@ def rabenseifner(channel: Channel, buf: np.ndarray, op: Op, source: np.ndarray |
                              buf[starts[partner_low]:starts[partner_low + span]], partner)
             low, high = min(low, partner_low), max(high, partner_low + span)
             mask >>= 1
-    _fold_out(channel, buf, new_rank)
+    _fold_out(channel, buf, new_rank, pairs)
 
 
 @register("all_reduce", "tree",
@@ -202,21 +203,22 @@ def tree(channel: Channel, buf: np.ndarray, op: Op) -> None:
     channel.wait(*sends)
 
 
-def _fold_in(channel: Channel, buf: np.ndarray, op: Op, new_rank: int) -> bool:
-    """The extra ranks of a non-power-of-two group hand their data to a neighbour; False if I sit out."""
+def _fold_in(channel: Channel, buf: np.ndarray, op: Op, new_rank: int, pairs: bool) -> bool:
+    """The extra ranks of a non-power-of-two group (`pairs`: mine is one of the pairs below 2 rem,
+    see `fold_to_power_of_two`) hand their data to a neighbour; False if I sit out."""
     rank = channel.rank
     if new_rank < 0:
         channel.wait(channel.send(buf, rank + 1))          # even rank: hand my buffer to rank + 1
         return False
-    if rank < 2 * (channel.size - (1 << (channel.size.bit_length() - 1))):
+    if pairs:
         channel.wait(channel.recv_reduce(buf, rank - 1, op.into_right))   # odd rank: fold in rank - 1
     return True
 
 
-def _fold_out(channel: Channel, buf: np.ndarray, new_rank: int) -> None:
+def _fold_out(channel: Channel, buf: np.ndarray, new_rank: int, pairs: bool) -> None:
     """Give the ranks that sat out the finished result."""
     rank = channel.rank
     if new_rank < 0:
         channel.wait(channel.recv(buf, rank + 1))
-    elif rank < 2 * (channel.size - (1 << (channel.size.bit_length() - 1))):
+    elif pairs:
         channel.wait(channel.send(buf, rank - 1))

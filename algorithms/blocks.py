@@ -63,8 +63,9 @@ def fold_to_power_of_two(rank: int, size: int) -> tuple[int, int]:
 @lru_cache(maxsize=1024)
 def doubling_partners(rank: int, size: int) -> tuple[int, bool, tuple[int, ...]]:
     """Recursive doubling's schedule for `rank` of `size`, worked out once per group (it is on
-    every small all-reduce's path): (my new rank or -1, whether I fold a neighbour's buffer in and
-    out first and last, and my partner's old rank at each step, lowest bit first)."""
+    every small all-reduce's path): (my new rank or -1, whether I am one of a pair of the fold, which
+    hands a buffer on or takes one in first and answers last, and my partner's old rank at each
+    step, lowest bit first)."""
     power, new_rank = fold_to_power_of_two(rank, size)
     pairs = rank < 2 * (size - power)
     if new_rank < 0:

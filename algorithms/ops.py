@@ -34,6 +34,13 @@ class Op:
         self.name = name or getattr(fn, "__name__", "user_op")
         self.kinds = kinds  # None: any dtype (user ops decide for themselves)
         self.is_ufunc = isinstance(fn, np.ufunc)
+        # a plain ufunc op folds without going through `combine` (on every step of every reduction),
+        # unless a subclass has its own `combine`
+        self.folds_inline = self.is_ufunc and type(self).combine is Op.combine
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.finishes = cls.finish is not Op.finish
 
     def __repr__(self) -> str:
         return f"colls.{self.name}" if self.kinds is not None else f"colls.Op({self.name})"
@@ -54,7 +61,7 @@ class Op:
         """accumulator = accumulator ∘ incoming: the incoming data is from higher ranks."""
         if faults.ACTIVE and "op_order" in faults.ACTIVE:
             return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
-        if self.is_ufunc:   # `combine` inlined: this runs on every step of every reduction
+        if self.folds_inline:
             self.fn(accumulator, incoming, out=accumulator)
         else:
             self.combine(accumulator, incoming, accumulator)
@@ -85,12 +92,12 @@ class Op:
 
     def into_right(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
         """accumulator = incoming ∘ accumulator: the incoming data is from lower ranks."""
-        if self.is_ufunc:
+        if self.folds_inline:
             self.fn(incoming, accumulator, out=accumulator)
         else:
             self.combine(incoming, accumulator, accumulator)
 
-    finishes = False   # whether `finish` does anything (callers on a hot path skip the call if not)
+    finishes = False   # whether `finish` does anything (in a subclass with its own): hot paths skip it if not
 
     def finish(self, result: np.ndarray, size: int) -> None:
         """Post-processing once every contribution is in (AVG divides); nothing for most ops."""
@@ -99,8 +106,6 @@ class Op:
 
 class _Average(Op):
     """SUM, then divide by the number of ranks (integers truncate toward zero, as NCCL's ncclAvg)."""
-
-    finishes = True
 
     def finish(self, result: np.ndarray, size: int) -> None:
         if result.dtype.kind in "fc":

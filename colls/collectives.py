@@ -45,7 +45,7 @@ class Collectives:
                 algo.run(channel, flat, op, source)
             if op.finishes:
                 op.finish(flat, self.size)
-            return work if result is work else _deliver(result, work)
+            return _deliver(result, work)
 
         return self._run("all_reduce", algo.name, x, body, async_op, timeout, op=op)
 

@@ -76,12 +76,12 @@ class Communicator(Collectives):
         if async_op or executor.pending:
             return executor.run(description, async_op, self._job, body, description, seq, deadline_s,
                                 traffic, nbytes)
-        with executor.exclusive():   # what `executor.run` would do, a frame less: every call makes this step
+        with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
             return self._job(body, description, seq, deadline_s, traffic, nbytes)
 
     def _job(self, body: Callable[[Channel], Any], description: Description, seq: int, deadline_s: float,
              traffic: Traffic, nbytes: int) -> Any:
-        """Run one call's schedule over a fresh channel, now that every call before it has run."""
+        """Run one call's schedule over the communicator's channel, now that every call before it has run."""
         traffic.calls += 1
         # one channel per communicator, pointed at each call in turn (jobs run one at a time): no
         # object made per call on the path every call takes

@@ -17,6 +17,8 @@ from transports.errors import InvalidArgument
 
 from .selection import Selector
 
+BUILTIN_OPS = tuple(BUILTIN.values())
+
 
 class Description:
     """What one collective call is: kind, element type and count, root, operator, algorithm, its
@@ -143,13 +145,16 @@ class Validator:
                   nbytes: int) -> tuple[Op, Algorithm]:
         """`op` and the algorithm of a reducing call, checked as `op` and `algorithm` do; memoised
         by the call's signature, since a program repeats the same few calls (on every call's path)."""
-        key = (collective, op, dtype, algorithm, nbytes)
-        try:
-            return self._reductions[key]
-        except KeyError:
-            pass
-        except TypeError:   # an unhashable op: checked below, and refused there
-            key = None
+        # only names and built-in ops are remembered: a user's Op may change (and stays alive here)
+        key = ((collective, op, dtype, algorithm, nbytes)
+               if type(op) is str or any(op is builtin for builtin in BUILTIN_OPS) else None)
+        if key is not None:
+            try:
+                return self._reductions[key]
+            except KeyError:
+                pass
+            except TypeError:   # an unhashable algorithm: checked below, and refused there
+                key = None
         checked = self.op(collective, op, dtype)
         found = (checked, self.algorithm(collective, algorithm, checked, nbytes))
         if key is not None:

@@ -92,7 +92,7 @@ class Executor:
             # and calls made at once from several threads have no order to keep anyway
             if self.pending == 0:
                 with self._running:
-                    return job(*args)   # the common case: no closure, no hand-off
+                    return job(*args)   # no closure, no hand-off (collectives make this step themselves)
             return self.submit(partial(job, *args), description).wait()
         return self.submit(partial(job, *args), description)
 

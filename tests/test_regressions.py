@@ -74,3 +74,32 @@ def test_cma_address_of_matches_numpy_for_every_kind_of_buffer():
     read_only = np.frombuffer(bytes(64), np.uint8)
     for buf in (base, base[17:400], base[:0], read_only, read_only[3:9]):
         assert address_of(buf) == buf.ctypes.data
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "rabenseifner"])
+def test_op_subclasses_keep_their_own_finish_and_combine(algorithm):
+    """The hot path skips `finish` for ops without one of their own and folds plain ufunc ops
+    without `combine`: a subclass that brings its own `finish` or `combine` must still get them
+    (and a user op changed between calls is checked again, not remembered)."""
+
+    class Doubled(colls.Op):
+        def finish(self, result, size):
+            result *= 2
+
+    class Subtracting(colls.Op):   # a ufunc op whose own combine (reversed difference) must be used
+        def combine(self, left, right, out):
+            np.subtract(right, left, out=out)
+
+    doubled = Doubled(np.add, commutative=True, name="doubled")
+    subtracting = Subtracting(np.add, commutative=False, name="subtracting")
+
+    def body(comm):
+        x = np.full(5, comm.rank + 1, np.int64)
+        first = comm.all_reduce(x, op=doubled, algorithm=algorithm)
+        algo = "recursive_doubling" if algorithm == "ring" else algorithm   # ring refuses non-commutative
+        second = comm.all_reduce(x, op=subtracting, algorithm=algo)
+        return first, second
+
+    for first, second in colls.spawn(body, 2, transport="local"):
+        assert np.array_equal(first, np.full(5, 2 * (1 + 2)))
+        assert np.array_equal(second, np.full(5, 2 - 1))   # rank 0's ∘ rank 1's = 1 ∘ 2 = 2 - 1

@@ -175,7 +175,8 @@ class Channel:
     """One collective call's view of a transport: the tag and the deadline bound, the bytes counted.
 
     This is what algorithms are written against. `what` ("all_reduce #12 (ring)") goes into every
-    timeout message so that a hang names the call, not just a socket.
+    timeout message so that a hang names the call, not just a socket. A channel is valid during its
+    call only: a communicator points the same one at its next call (keep none beyond it).
     """
 
     __slots__ = ("transport", "rank", "size", "tag", "deadline", "what", "traffic")
