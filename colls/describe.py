@@ -17,7 +17,7 @@ from transports.errors import InvalidArgument
 
 from .selection import Selector
 
-BUILTIN_OPS = tuple(BUILTIN.values())
+BUILTIN_OPS = frozenset(BUILTIN.values())   # Op hashes by identity
 
 
 class Description:
@@ -146,15 +146,15 @@ class Validator:
         """`op` and the algorithm of a reducing call, checked as `op` and `algorithm` do; memoised
         by the call's signature, since a program repeats the same few calls (on every call's path)."""
         # only names and built-in ops are remembered: a user's Op may change (and stays alive here)
-        key = ((collective, op, dtype, algorithm, nbytes)
-               if type(op) is str or any(op is builtin for builtin in BUILTIN_OPS) else None)
-        if key is not None:
-            try:
+        key = None
+        try:
+            if type(op) is str or op in BUILTIN_OPS:
+                key = (collective, op, dtype, algorithm, nbytes)
                 return self._reductions[key]
-            except KeyError:
-                pass
-            except TypeError:   # an unhashable algorithm: checked below, and refused there
-                key = None
+        except KeyError:
+            pass
+        except TypeError:   # an unhashable op or algorithm: checked below, and refused there
+            key = None
         checked = self.op(collective, op, dtype)
         found = (checked, self.algorithm(collective, algorithm, checked, nbytes))
         if key is not None:
