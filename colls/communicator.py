@@ -14,7 +14,7 @@ from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import fingerprint
 from .collectives import Collectives, Result
-from .describe import Description, Validator
+from .describe import Description, Plan, Validator
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
 from .selection import Selector
@@ -49,7 +49,7 @@ class Communicator(Collectives):
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
         self._tracer = Tracer(name, self.rank)
-        self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_job`
+        self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_aim`
         self.closed = False
 
     def __repr__(self) -> str:
@@ -70,7 +70,7 @@ class Communicator(Collectives):
                                   root, None if op is None else op.name, algorithm, seq - self._hidden,
                                   self.name)
         deadline_s = self.timeout if timeout is None else float(timeout)
-        traffic = self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
+        traffic = self._traffic_for(collective)
         nbytes = 0 if x is None else x.nbytes
         executor = self._executor
         if async_op or executor.pending:
@@ -79,17 +79,53 @@ class Communicator(Collectives):
         with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
             return self._job(body, description, seq, deadline_s, traffic, nbytes)
 
-    def _job(self, body: Callable[[Channel], Any], description: Description, seq: int, deadline_s: float,
-             traffic: Traffic, nbytes: int) -> Any:
-        """Run one call's schedule over the communicator's channel, now that every call before it has run."""
+    def _in_line(self) -> bool:
+        """Whether a planned call may run now, in line: nothing queued before it, no tracing, open."""
+        return not self._executor.pending and not self._tracer.active and not self.closed
+
+    def _run_planned(self, plan: Plan, x: np.ndarray, work: np.ndarray, timeout: float | None) -> np.ndarray:
+        """A blocking all_reduce whose checks `plan` made once (see `describe.Plan`): `_run` and
+        `_job` for it, without their closures and frames, since its cost is its software."""
+        if work is not x:
+            np.copyto(work, x)
+        flat = work if work.ndim == 1 else work.reshape(-1)
+        op, algorithm = plan.op, plan.algorithm
+        seq = self._seq
+        self._seq = seq + 1
+        description = Description("all_reduce", x.dtype, x.size, None, op.name, algorithm.name,
+                                  seq - self._hidden, self.name)
+        traffic = self._traffic_for("all_reduce")
         traffic.calls += 1
-        # one channel per communicator, pointed at each call in turn (jobs run one at a time): no
-        # object made per call on the path every call takes
+        channel = self._aim(seq, self.timeout if timeout is None else float(timeout), description, traffic)
+        with self._executor.exclusive():
+            try:
+                algorithm.run(channel, flat, op)
+            except BaseException as error:
+                self._broken(description, error)
+                raise
+        if op.finishes:
+            op.finish(flat, self.size)
+        return work
+
+    def _traffic_for(self, collective: str) -> Traffic:
+        """The counters `stats()` reports for `collective` (made on its first call)."""
+        return self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
+
+    def _aim(self, seq: int, deadline_s: float, description: Description, traffic: Traffic) -> Channel:
+        """The communicator's channel, pointed at call `seq`: one per communicator, reused call after
+        call (calls run one at a time), so that nothing is made per call on the path every call takes."""
         channel = self._channel
         channel.tag = COLLECTIVE_TAG_BASE + seq
         channel.deadline = time.monotonic() + deadline_s
         channel.what = description
         channel.traffic = traffic
+        return channel
+
+    def _job(self, body: Callable[[Channel], Any], description: Description, seq: int, deadline_s: float,
+             traffic: Traffic, nbytes: int) -> Any:
+        """Run one call's schedule over the communicator's channel, now that every call before it has run."""
+        traffic.calls += 1
+        channel = self._aim(seq, deadline_s, description, traffic)
         tracer = self._tracer
         try:
             if not tracer.active:

@@ -61,6 +61,38 @@ class Description:
         return f"<Description {self}>"
 
 
+class Plan:
+    """What the checks of one small all_reduce signature (op, dtype, shape) concluded: the operator
+    and the algorithm. A later call with the same signature is checked only for what can differ
+    between calls (its buffers' layout) and runs in line: MPI-4's persistent collectives
+    (MPI_Allreduce_init) made implicit, for the calls whose cost is the library's own software."""
+
+    __slots__ = ("op", "algorithm", "shape")
+
+    def __init__(self, op: Op, algorithm: Algorithm, shape: tuple[int, ...]) -> None:
+        self.op = op
+        self.algorithm = algorithm
+        self.shape = shape
+
+    def output(self, x: np.ndarray, out: object) -> np.ndarray | None:
+        """Where this call's result goes, if `x` and `out` pass as the planned call's did; None:
+        the call takes the full checks (a strided buffer, another kind of `out`...)."""
+        if not x.flags.c_contiguous:
+            return None
+        if out is None:
+            return np.empty(self.shape, x.dtype)
+        if out is x:
+            return x
+        if type(out) is np.ndarray and out.shape == self.shape and out.dtype == x.dtype:
+            flags = out.flags
+            if flags.c_contiguous and flags.writeable:
+                return out
+        return None
+
+
+PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it, data movement dominates)
+
+
 class Validator:
     """Argument checks for one rank; every message names the argument and the rank."""
 
@@ -73,6 +105,7 @@ class Validator:
         """Choose algorithms with `selector` from now on (a communicator that learned its hosts)."""
         self.selector = selector
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
+        self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -162,6 +195,15 @@ class Validator:
                 self._reductions.clear()
             self._reductions[key] = found
         return found
+
+    def keep_plan(self, signature: tuple, plan: Plan) -> None:
+        """Remember `plan` for all_reduce calls of `signature` (op as given, dtype, shape), if the op
+        is a name or a built-in one (a user's Op may change between calls)."""
+        given = signature[0]
+        if type(given) is str or given in BUILTIN_OPS:
+            if len(self.plans) > 4096:
+                self.plans.clear()
+            self.plans[signature] = plan
 
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:

@@ -1,0 +1,81 @@
+"""Planned all_reduce (`colls.describe.Plan`): a small call repeated with the same signature skips the
+full checks. These check that it still gives numpy's answer whatever the buffers of each call are,
+falls back to the full checks where the buffers differ in layout, counts its traffic and names
+itself in a timeout."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import colls
+
+
+def _every_kind_of_buffer(comm) -> list[bool]:
+    """The same signature called with each kind of `out`, twice each, then broken layouts."""
+    x = np.arange(12, dtype=np.int64).reshape(3, 4) + 100 * comm.rank
+    want = sum(np.arange(12, dtype=np.int64).reshape(3, 4) + 100 * r for r in range(comm.size))
+    ok = []
+    for _ in range(2):
+        got = comm.all_reduce(x, op="sum")                      # out=None: a fresh array
+        ok.append(np.array_equal(got, want) and got is not x)
+        out = np.full((3, 4), -1, np.int64)
+        got = comm.all_reduce(x, op="sum", out=out)             # out given: the result lands in it
+        ok.append(got is out and np.array_equal(out, want))
+        strided = np.full((3, 8), -1, np.int64)[:, ::2]         # a strided out: the full path copies back
+        got = comm.all_reduce(x, op="sum", out=strided)
+        ok.append(got is strided and np.array_equal(strided, want))
+        y = x.copy()
+        got = comm.all_reduce(y, op="sum", out=y)               # in place
+        ok.append(got is y and np.array_equal(y, want))
+        wide = np.repeat(x, 2, axis=1)[:, ::2]                  # a strided x of the planned shape
+        ok.append(np.array_equal(comm.all_reduce(wide, op="sum"), want))
+        wide = np.repeat(x, 2, axis=1)[:, ::2]
+        got = comm.all_reduce(wide, op="sum", out=wide)         # in place into a strided x
+        ok.append(got is wide and np.array_equal(wide, want))
+        read_only = np.full((3, 4), -1, np.int64)
+        read_only.flags.writeable = False
+        with pytest.raises(colls.InvalidArgument, match="read-only"):
+            comm.all_reduce(x, op="sum", out=read_only)         # refused though the signature is planned
+        ok.append(np.array_equal(comm.all_reduce(x.astype(np.float64), op="avg"), want / comm.size))
+    ok.append(comm.stats()["all_reduce"]["calls"] == 14)
+    ok.append(len(comm._check.plans) >= 2)   # (sum, int64, (3, 4)) and (avg, float64, (3, 4))
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_planned_calls_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+    for rank, checks in enumerate(colls.spawn(_every_kind_of_buffer, size, transport=transport, timeout=60)):
+        assert all(checks), (rank, checks)
+
+
+def test_a_user_op_is_not_planned():
+    """A user's Op may change between calls, so its calls always take the full checks."""
+    def body(comm):
+        op = colls.Op(np.add, commutative=True)
+        for _ in range(3):
+            comm.all_reduce(np.ones(2), op=op)
+        return len(comm._check.plans)
+
+    assert colls.spawn(body, 2, transport="local") == [0, 0]
+
+
+def _second_call_alone(comm) -> str | None:
+    """Both ranks make call #0; only rank 0 makes call #1, the same signature, so it runs planned."""
+    comm.all_reduce(np.ones(4), op="sum")
+    if comm.rank == 1:
+        time.sleep(1.5)
+        return None
+    with pytest.raises(colls.CollectiveTimeout) as info:
+        comm.all_reduce(np.ones(4), op="sum", timeout=0.5)
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_a_planned_call_names_itself_in_a_timeout(transport):
+    message = colls.spawn(_second_call_alone, 2, transport=transport, timeout=10.0)[0]
+    assert "all_reduce #1" in message and "rank 0" in message, message
