@@ -182,7 +182,9 @@ class Selector:
         modelled = {name: t for name, t in predicted.items() if t != float("inf")}
         if not modelled:
             return Explanation(collective, nbytes, self.size, self.transport, fallback, "default", predicted)
-        best = min(modelled, key=lambda name: (modelled[name], name))
+        # among equal predictions (every algorithm costs nothing on a group of one) the default,
+        # which does least there, then by name so that every rank picks the same
+        best = min(modelled, key=lambda name: (modelled[name], name != fallback, name))
         return Explanation(collective, nbytes, self.size, self.transport, best, "cost model", predicted)
 
     def choose(self, collective: str, nbytes: int, commutative: bool = True) -> str:
