@@ -27,7 +27,7 @@ class Collectives:
                    timeout: float | None = None) -> Result:
         """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
         check = self._check
-        if algorithm is None and not async_op and type(x) is np.ndarray:
+        if algorithm is None and not async_op and type(x) is np.ndarray and isinstance(op, (str, Op)):
             plan = check.plans.get((op, x.dtype, x.shape))   # a small call seen before: see `Plan`
             if plan is not None:
                 planned = plan.output(x, out)

@@ -79,3 +79,16 @@ def _second_call_alone(comm) -> str | None:
 def test_a_planned_call_names_itself_in_a_timeout(transport):
     message = colls.spawn(_second_call_alone, 2, transport=transport, timeout=10.0)[0]
     assert "all_reduce #1" in message and "rank 0" in message, message
+
+
+def test_a_bad_op_is_still_named_once_a_signature_is_planned():
+    """An unhashable op must get the usual InvalidArgument, not a TypeError from the plan lookup."""
+    def body(comm):
+        x = np.ones(3)
+        comm.all_reduce(x, op="sum")
+        comm.all_reduce(x, op="sum")
+        with pytest.raises(colls.InvalidArgument, match="op must be"):
+            comm.all_reduce(x, op=["sum"])
+        return True
+
+    assert colls.spawn(body, 2, transport="local") == [True, True]
