@@ -20,6 +20,12 @@ from .selection import Selector
 BUILTIN_OPS = frozenset(BUILTIN.values())   # Op hashes by identity
 
 
+def fixed_op(op: object) -> bool:
+    """Whether `op` is a name or a built-in Op, which no program changes: what may be remembered
+    between calls (a user's Op may change, and would stay alive in a memo). TypeError if unhashable."""
+    return type(op) is str or op in BUILTIN_OPS
+
+
 class Description:
     """What one collective call is: kind, element type and count, root, operator, algorithm, its
     number in the communicator's sequence and the communicator's name. Made on every call, so a
@@ -178,10 +184,9 @@ class Validator:
                   nbytes: int) -> tuple[Op, Algorithm]:
         """`op` and the algorithm of a reducing call, checked as `op` and `algorithm` do; memoised
         by the call's signature, since a program repeats the same few calls (on every call's path)."""
-        # only names and built-in ops are remembered: a user's Op may change (and stays alive here)
         key = None
         try:
-            if type(op) is str or op in BUILTIN_OPS:
+            if fixed_op(op):
                 key = (collective, op, dtype, algorithm, nbytes)
                 return self._reductions[key]
         except KeyError:
@@ -199,8 +204,7 @@ class Validator:
     def keep_plan(self, signature: tuple, plan: Plan) -> None:
         """Remember `plan` for all_reduce calls of `signature` (op as given, dtype, shape), if the op
         is a name or a built-in one (a user's Op may change between calls)."""
-        given = signature[0]
-        if type(given) is str or given in BUILTIN_OPS:
+        if fixed_op(signature[0]):
             if len(self.plans) > 4096:
                 self.plans.clear()
             self.plans[signature] = plan
