@@ -13,7 +13,7 @@ import pytest
 import colls
 from algorithms import SUM
 from transports.base import COLLECTIVE_TAG_BASE
-from transports.shm import fifo_geometry
+from transports.shm import exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 
 TAG = COLLECTIVE_TAG_BASE + 7
 CHUNK, _ = fifo_geometry(2)
@@ -172,25 +172,39 @@ def _protocols(comm, nbytes: int) -> list:
     total = mine.copy()
     transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
     reduced = transport.rendezvous_posted[peer] - before - plain
-    right = got.tolist() == (np.arange(mine.size) + 1000 * peer).tolist() and \
-        total.tolist() == (2 * np.arange(mine.size) + 1000).tolist()
+    right = (np.array_equal(got, np.arange(mine.size) + 1000 * peer)
+             and np.array_equal(total, 2 * np.arange(mine.size) + 1000))
     return [plain, reduced, right, transport.cma]
 
 
 @pytest.mark.timeout(60)
-def test_a_plain_exchange_beyond_one_slot_goes_by_cross_memory_attach_a_reducing_one_through_the_fifo():
-    # 2 ranks on 2 cores: each reads the other's 512 KiB once (35 us here) instead of both copying
-    # it twice through the FIFO (70 us); a reducing receive reduces straight out of the slots
+@pytest.mark.parametrize("nbytes,plain,reduced", [
+    (CHUNK, 0, 0),              # one slot: the FIFO's one-slot step
+    (2 * CHUNK, 0, 0),          # beyond one slot, below 4 MiB: both through the FIFO's slots
+    (4 << 20, 1, 0),            # plain from 4 MiB by cross-memory attach, a reducing one from 16 MiB
+    (16 << 20, 1, 1),
+])
+def test_an_exchange_goes_through_the_fifo_below_its_thresholds(nbytes, plain, reduced):
+    # 2 ranks on 2 cores (2026-12-04): two cross-memory reads at once ran at 11-13 GB/s each, the
+    # slots' copies from cache faster up to 2 MiB (plain) and 4 MiB (reducing); see
+    # `exchange_rendezvous_bytes`
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores plain exchanges keep the FIFO")
-    for plain, reduced, right, cma in colls.spawn(_protocols, 2, transport="shm", args=(2 * CHUNK,),
-                                                  timeout=40):
+        pytest.skip("with more ranks than cores exchanges keep the messages' threshold")
+    for made, folded, right, cma in colls.spawn(_protocols, 2, transport="shm", args=(nbytes,), timeout=40):
         assert right
         if not cma:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-        assert (plain, reduced) == (1, 0)
-    for plain, reduced, right, _ in colls.spawn(_protocols, 2, transport="shm", args=(CHUNK,), timeout=40):
-        assert right and (plain, reduced) == (0, 0)   # one slot: the FIFO's one-slot step
+        assert (made, folded) == (plain, reduced)
+
+
+def test_exchange_thresholds_follow_the_cores():
+    chunk, slots = 256 << 10, 4
+    fifo = rendezvous_bytes(chunk, slots)
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2) == 4 << 20
+    assert exchange_rendezvous_bytes(chunk, slots, 2, reducing=True, cores=2) == 16 << 20
+    # more ranks than cores: a pull needs its receiver to run; the FIFO's threshold for both
+    assert exchange_rendezvous_bytes(chunk, slots, 4, cores=2) == fifo
+    assert exchange_rendezvous_bytes(chunk, slots, 4, reducing=True, cores=2) == fifo
 
 
 def _replace(comm, nbytes: int) -> list:
@@ -240,7 +254,9 @@ def _after_a_receive(comm) -> list:
 
 
 @pytest.mark.timeout(60)
-def test_a_plain_exchange_of_what_was_just_received_keeps_the_fifo():
+def test_a_plain_exchange_of_what_was_just_received_keeps_the_fifo(monkeypatch):
+    # with plain exchanges by cross-memory attach from beyond one slot (2026-12-03's threshold)
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(CHUNK + 1))
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("with more ranks than cores plain exchanges keep the FIFO")
     for made, right, cma in colls.spawn(_after_a_receive, 2, transport="shm", timeout=40):

@@ -56,19 +56,28 @@ HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see S
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
 
 
-def exchange_rendezvous_bytes(chunk: int, slots: int, size: int) -> int:
-    """A plain (not reducing) sendrecv's message at least this large moves by cross-memory attach:
-    any that does not fit one slot, when every rank of the group can have a core of its own; with
-    more ranks than cores, the FIFO's threshold (`rendezvous_bytes`: a pull needs its receiver to
-    run, a FIFO send goes out while it waits).
+def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
+                              cores: int | None = None) -> int:
+    """A sendrecv's message at least this large moves by cross-memory attach (`reducing`: one whose
+    receive is a reduction): when every rank of the group can have a core of its own, from 4 MiB
+    (plain) or 16 MiB (reducing), through the FIFO below, however many slots it takes; with more
+    ranks than `cores` (default: the cores this process may use), the FIFO's threshold
+    (`rendezvous_bytes`: a pull needs its receiver to run, a FIFO send goes out while it waits).
 
-    Measured 2026-12-03, 2 ranks: a 512 KiB exchange took 68-71 us through the FIFO (both copy
-    twice) and 35 us by cross-memory attach (each reads the other's once); a reducing one gains
-    nothing (the FIFO reduces straight out of the slot, a pull reads into scratch first)."""
+    In an exchange both ranks copy at once. Measured 2026-12-04, 2 ranks on 2 cores, 256 KiB x 4
+    slots (`colls.tune.exchange_seconds`, medians of 300, two runs): plain, through the FIFO
+    against cross-memory attach, 512 KiB 29 against 50 us, 1 MiB 52 / 87, 2 MiB 100-104 /
+    154-159, 4 MiB 203-216 / 197-202, 16 MiB 1295-1362 / 1166-1191; a float32 sum, 1 MiB 77-79 /
+    122-123, 2 MiB 151-155 / 233-241, 4 MiB 296-313 / 356-367, 16 MiB 1716-1796 / 1735-1747.
+    Two reads at once ran at 11-13 GB/s each where the slots' copies stay in cache. (On
+    2026-12-03's machine a plain 512 KiB exchange was the other way round: 68-71 us through the
+    FIFO, 35 us by cross-memory attach.)"""
     fifo = rendezvous_bytes(chunk, slots)
-    if size > len(os.sched_getaffinity(0)):
+    if size > (cores if cores is not None else len(os.sched_getaffinity(0))):
         return fifo
-    return int(os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", str(min(fifo, chunk + 1))))
+    if reducing:
+        return int(os.environ.get("COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES", str(max(fifo, 16 << 20))))
+    return int(os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", str(max(fifo, 4 << 20))))
 
 
 def rendezvous_bytes(chunk: int, slots: int) -> int:
@@ -213,6 +222,8 @@ class ShmTransport(Transport):
         self.rendezvous_bytes = rendezvous_bytes(self.chunk, self.slots) if self.cma else 1 << 62
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size)
                                           if self.cma else 1 << 62)
+        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True)
+                                                 if self.cma else 1 << 62)
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
@@ -257,15 +268,19 @@ class ShmTransport(Transport):
         check_buffer(send_buf, "shm send")
         check_buffer(recv_buf, "shm receive")
         n = send_buf.nbytes
-        rendezvous = n >= self.rendezvous_bytes
-        if not rendezvous and reducer is None and n >= self.exchange_rendezvous_bytes:
-            # a plain exchange beyond one slot goes by cross-memory attach (both ranks read at
-            # once, see `exchange_rendezvous_bytes`), unless it sends what my last big sendrecv
-            # received: those lines are dirty in my cache, and the peer's read of them was slower
-            # than the FIFO (a 512 KiB all-gather step after a reducing one: 117 us against 85 us)
-            start = cma.address_of(send_buf)
-            low, high = self.last_received
-            rendezvous = not (start < high and low < start + n)
+        # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
+        if reducer is not None:
+            rendezvous = n >= self.reduce_exchange_rendezvous_bytes
+        else:
+            rendezvous = n >= self.exchange_rendezvous_bytes
+            if rendezvous and n < self.rendezvous_bytes:
+                # below the messages' threshold, not by cross-memory attach if it sends what my last
+                # big sendrecv received: those lines are dirty in my cache, and the peer's read of
+                # them was slower than the FIFO (2026-12-03: a 512 KiB all-gather step after a
+                # reducing one, 117 us against 85 us)
+                start = cma.address_of(send_buf)
+                low, high = self.last_received
+                rendezvous = not (start < high and low < start + n)
         send = None if self._send_now(send_buf, dst, tag) else self._isend(send_buf, dst, tag, rendezvous)
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
