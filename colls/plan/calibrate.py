@@ -9,7 +9,9 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   cores: α(n) and a per-byte cost β(n) read off those times, per protocol, since the shm transport
   moves a message below its rendezvous size (the FIFO's capacity) through its FIFO (the sender
   copies in, the receiver copies out) and a larger one by cross-memory attach (the receiver
-  copies straight out of the sender); a piece of a bigger call moves its bytes no faster than a
+  copies straight out of the sender); a sendrecv costs the exchange of its size and kind as
+  measured (both ranks at once), through the FIFO up to its own thresholds (4 MiB plain, 16 MiB
+  reducing, when every rank has a core); a piece of a bigger call moves its bytes no faster than a
   message or exchange of the call's size (its lines come from where the call's bytes live);
 - those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
   receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
@@ -38,7 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from algorithms import lookup
-from transports.shm import fifo_geometry, rendezvous_bytes
+from transports.shm import exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 from transports.sim import Link, Route, SimTransport, TimeSharing
 
 from .simulate import run_algorithm, run_world
@@ -94,6 +96,10 @@ class Profile:
     exchange_reduce: tuple[tuple[int, float], ...] = ()   # the exchanges with a float32 sum
     exchange_after_copy: tuple[tuple[int, float], ...] = ()   # right after a copy of as many bytes
     exchange_reduce_source: tuple[tuple[int, float], ...] = ()   # input ∘ incoming (`from_source`)
+    # a sendrecv of at least this many bytes moves by cross-memory attach, as a plain message from
+    # `rendezvous` (the shm transport's `exchange_rendezvous_bytes`; 0: `rendezvous`)
+    exchange_rendezvous: int = 0
+    reduce_exchange_rendezvous: int = 0
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -112,7 +118,9 @@ class Profile:
 
         calls = {name for entry in entries for name in entry["call_s"]}
         size = ranks.pop()
-        return cls(size, int(entries[0]["cores"]), median_table("message_s"),
+        cores = int(entries[0]["cores"])
+        chunk, slots = fifo_geometry(size)
+        return cls(size, cores, median_table("message_s"),
                    combine([entry["start_s"] for entry in entries]),
                    {name: combine([e["call_s"][name] for e in entries if name in e["call_s"]])
                     for name in calls},
@@ -138,7 +146,9 @@ class Profile:
                    median_table("exchange_after_copy_s")
                    if all(e.get("exchange_after_copy_s") for e in entries) else (),
                    median_table("exchange_reduce_source_s")
-                   if all(e.get("exchange_reduce_source_s") for e in entries) else ())
+                   if all(e.get("exchange_reduce_source_s") for e in entries) else (),
+                   exchange_rendezvous_bytes(chunk, slots, size, cores=cores),
+                   exchange_rendezvous_bytes(chunk, slots, size, reducing=True, cores=cores))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -157,17 +167,23 @@ class Profile:
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
 
+    def exchange_limit(self, reducing: bool | str = False) -> int:
+        """The smallest sendrecv (reducing or plain) that moves by cross-memory attach."""
+        limit = self.reduce_exchange_rendezvous if reducing else self.exchange_rendezvous
+        return limit or self.rendezvous
+
     def exchange_seconds(self, nbytes: int, reducing: bool | str = False, written: bool = False,
                          after_work: bool = False) -> float | None:
-        """A sendrecv of `nbytes` below the rendezvous size, the whole step (both ranks send and
-        receive, as shm's one-slot path does them together; `reducing`: the receive a float32
+        """A sendrecv of `nbytes` below its rendezvous size (`exchange_limit`), the whole step (both
+        ranks send and receive, as shm's one-slot path does them together; `reducing`: the receive a float32
         sum, `"source"` one from a third buffer (`Op.from_source`); `after_work`: right after a
         copy or reduction of as many bytes or more; `written`: from
         send buffers their senders have just written; each where measured, in that order): linear
         in bytes between the measured sizes around it, the last two's slope beyond them; None if
         the profile measured none."""
         table = self.exchange
-        below = lambda measured: any(size < self.rendezvous for size, _ in measured)  # noqa: E731
+        limit = self.exchange_limit(reducing)
+        below = lambda measured: any(size < limit for size, _ in measured)  # noqa: E731
         if reducing == "source" and self.exchange_reduce_source:
             table = self.exchange_reduce_source
         elif reducing and self.exchange_reduce:
@@ -176,7 +192,7 @@ class Profile:
             table = self.exchange_after_copy
         elif written and below(self.exchange_written):
             table = self.exchange_written
-        points = [(size, t) for size, t in table if size < self.rendezvous]
+        points = [(size, t) for size, t in table if size < limit]
         if not points:
             return None
         if len(points) == 1:
@@ -191,25 +207,27 @@ class Profile:
     def contention(self, nbytes: int) -> float:
         """How much slower per byte a cross-memory read of `nbytes` is while another runs: from the
         exchange of that size (each rank posts, then reads while the other reads), at least 1."""
-        return self._slower(self.exchange, nbytes, self.post)
+        return self._slower(self.exchange, nbytes, self.post, self.exchange_limit())
 
     def written_slowdown(self, nbytes: int) -> float:
         """How much slower per byte a cross-memory read of `nbytes` is from a buffer its sender has
         just written (one message of a written buffer beside a clean one), at least 1."""
-        return self._slower(self.written, nbytes, 0.0)
+        return self._slower(self.written, nbytes, 0.0, self.rendezvous)
 
     def written_contention(self, nbytes: int) -> float:
         """The same for a read while another runs (the exchange of written buffers); at least the
         clean exchange's."""
         if not self.exchange_written:
             return self.contention(nbytes)
-        return max(self.contention(nbytes), self._slower(self.exchange_written, nbytes, self.post))
+        return max(self.contention(nbytes),
+                   self._slower(self.exchange_written, nbytes, self.post, self.exchange_limit()))
 
-    def _slower(self, table: tuple[tuple[int, float], ...], nbytes: int, post: float) -> float:
-        """Per byte, the times of `table` (less `post` and the message's α) over one clean message's β."""
+    def _slower(self, table: tuple[tuple[int, float], ...], nbytes: int, post: float, limit: int) -> float:
+        """Per byte, the times of `table` (less `post` and the message's α) over one clean message's
+        β, from the sizes it measured by cross-memory attach (`limit` on)."""
         ratios = []
         for size, seconds in table:
-            if size < self.rendezvous:   # FIFO sizes: no cross-memory read to slow down
+            if size < limit:   # FIFO sizes: no cross-memory read to slow down
                 continue
             alpha, beta = self.message_cost(size)
             if beta > 0:
@@ -268,10 +286,10 @@ class SharedMemory:
         other's by cross-memory attach (a plain one beyond a slot), so it costs the measured
         exchange of its size and kind (less the barrier's start, as a message's does; a reducing
         one less the reduction, which the receive charges; one from a buffer the sender `written`
-        in this call slower), not a message and two posts; None from the rendezvous size (the
-        general path: messages and reads as above)."""
+        in this call slower), not a message and two posts; None from its rendezvous size
+        (`Profile.exchange_limit`: the general path, messages and reads as above)."""
         profile = self.profile
-        if nbytes >= profile.rendezvous:
+        if nbytes >= profile.exchange_limit(reducing):
             return None
         seconds = profile.exchange_seconds(nbytes, reducing, written, after_work)
         if self.footprint > nbytes:
