@@ -20,6 +20,7 @@ from pathlib import Path
 
 from algorithms import DEFAULTS, lookup, names
 from algorithms.cost import Machine, predict
+from transports.base import read_tune_file, tune_file
 
 # Measured on the reference 2-core machine by `colls tune` (2026-12-02); a tune file replaces them.
 DEFAULT_MACHINES = {
@@ -29,26 +30,13 @@ DEFAULT_MACHINES = {
 }
 
 
-def tune_file() -> Path:
-    """Where `colls tune` saves its measurements."""
-    return Path(os.environ.get("COLLS_TUNE_FILE") or Path.home() / ".cache" / "colls" / "tune.json")
-
-
 def load_machine(transport: str) -> Machine:
     """The cost constants for `transport`: tuned if a tune file has them, else the defaults."""
     try:
-        entry = json.loads(tune_file().read_text())[transport]
+        entry = read_tune_file()[transport]
         return Machine(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
     except (OSError, ValueError, KeyError, TypeError):
         return DEFAULT_MACHINES.get(transport, DEFAULT_MACHINES["shm"])
-
-
-def _read_tune_file() -> dict:
-    try:
-        table = json.loads(tune_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
 
 
 def _write_tune_file(table: dict) -> Path:
@@ -77,11 +65,13 @@ def save_rules(transport: str, size: int, collective: str, rules: Rules) -> Path
 
 
 def save_tuned(transport: str, machine: Machine | None, size: int = 0,
-               rules: dict[str, Rules] | None = None) -> Path:
-    """Record what `colls tune` measured for `transport` (constants, and rules for `size` ranks by
-    collective) in one write, keeping everything else in the file."""
-    table = _read_tune_file()
+               rules: dict[str, Rules] | None = None, settings: dict | None = None) -> Path:
+    """Record what `colls tune` measured for `transport` (constants, rules for `size` ranks by
+    collective, and the transport's own `settings`, such as shm's `exchange_cma`) in one write,
+    keeping everything else in the file."""
+    table = read_tune_file()
     entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
+    entry.update(settings or {})
     if machine is not None:
         entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
     if rules:
@@ -95,7 +85,7 @@ def save_tuned(transport: str, machine: Machine | None, size: int = 0,
 def load_rules(transport: str, size: int) -> dict[str, Rules]:
     """The measured rules for `size` ranks over `transport`, by collective (empty if none)."""
     try:
-        found = _read_tune_file()[transport]["rules"][str(size)]
+        found = read_tune_file()[transport]["rules"][str(size)]
         return {collective: sorted((int(n), str(name)) for n, name in rules)
                 for collective, rules in found.items() if rules}
     except (KeyError, TypeError, ValueError):

@@ -491,6 +491,66 @@ def rules_from(timed: list[tuple[int, dict[str, float]]]) -> list[tuple[int, str
     return fastest
 
 
+CROSSOVER_BYTES = (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20)
+CROSSOVER_ROUNDS = 3   # interleaved FIFO / cross-memory rounds per size
+
+
+def exchange_crossover(pair: Communicator, reducing: bool) -> int:
+    """From which size a sendrecv of a two-rank `pair` (plain, or `reducing` into a float32 sum) is
+    faster by cross-memory attach than through the FIFO's slots, on this machine: both protocols
+    forced in turn on the live transport at each of `CROSSOVER_BYTES` (medians of interleaved
+    rounds); the smallest size from which cross-memory attach wins by `RULE_MARGIN` at that size
+    and every larger one, twice the largest if it never does. The shm transport takes it from the
+    tune file (`transports.shm.tuned_exchange_bytes`); see `exchange_rendezvous_bytes` for why it
+    depends on the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB)."""
+    transport = pair.transport
+    name = "reduce_exchange_rendezvous_bytes" if reducing else "exchange_rendezvous_bytes"
+    kept = getattr(transport, name)
+    fifo: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
+    cma: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
+    try:
+        for _ in range(CROSSOVER_ROUNDS):
+            for n in CROSSOVER_BYTES:
+                rounds = max(10, min(100, (256 << 20) // n))
+                for times, threshold in ((fifo, 1 << 62), (cma, transport.chunk + 1)):
+                    setattr(transport, name, threshold)
+                    times[n].append(exchange_seconds(pair, rounds, n, reduce=reducing))
+    finally:
+        setattr(transport, name, kept)
+    crossover = 2 * CROSSOVER_BYTES[-1]
+    for n in reversed(CROSSOVER_BYTES):
+        if statistics.median(cma[n]) > statistics.median(fifo[n]) * (1 - RULE_MARGIN):
+            break
+        crossover = n
+    return crossover
+
+
+def tune_exchanges(comm: Communicator) -> dict[str, int] | None:
+    """`exchange_crossover` for plain and reducing exchanges, measured by ranks 0 and 1 and put into
+    effect on every rank's transport (unless the environment sets them); None where it does not
+    apply: not the shm transport, no cross-memory attach, or more ranks than cores (the transport
+    keeps the FIFO's threshold then)."""
+    transport = comm.transport
+    applies = (transport.name == "shm" and getattr(transport, "cma", False)
+               and comm.size <= len(os.sched_getaffinity(0)))
+    if not comm.all_reduce(np.array([int(applies)]), op="min")[0]:
+        return None
+    pair = comm if comm.size == 2 else comm.split(0 if comm.rank < 2 else None)
+    found = np.zeros(2, np.int64)
+    if pair is not None:
+        try:
+            found[:] = [exchange_crossover(pair, False), exchange_crossover(pair, True)]
+        finally:
+            if pair is not comm:
+                pair.close()
+    plain, reducing = (int(n) for n in comm.broadcast(found, root=0))
+    if "COLLS_SHM_EXCHANGE_CMA_BYTES" not in os.environ:
+        transport.exchange_rendezvous_bytes = plain
+    if "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES" not in os.environ:
+        transport.reduce_exchange_rendezvous_bytes = reducing
+    return {"plain": plain, "reducing": reducing}
+
+
 def measure(comm: Communicator) -> Machine:
     """α, β, γ for `comm`'s transport (ranks beyond 1 only wait at the barriers)."""
     comm.barrier()
@@ -519,16 +579,23 @@ def main() -> int:
         print("colls tune needs at least 2 ranks: colls tune [-n N], or colls run -n N -m colls.tune")
         return 2
     asked = collectives_asked(sys.argv)
+    # the exchange protocols first: the rules below are timed with them in effect
+    exchanges = tune_exchanges(comm)
     machine = measure(comm)
     # the algorithms' measured ranking replaces the model's for groups of this size (timed with
     # the model's choice as it was: the selector reads rules when a communicator is made)
     measured = {collective: rules(comm, collective) for collective in asked}
     if comm.rank == 0:
         # one write for everything: a communicator made meanwhile reads the old file or the new
-        path = save_tuned(comm.transport.name, machine, comm.size, measured)
+        path = save_tuned(comm.transport.name, machine, comm.size, measured,
+                          {"exchange_cma": exchanges} if exchanges else None)
         print(f"{comm.transport.name}: alpha {machine.alpha * 1e6:.2f} us, "
               f"beta {1 / machine.beta / 1e9:.2f} GB/s, gamma {1 / machine.gamma / 1e9:.2f} GB/s "
               f"-> {path}")
+        if exchanges:
+            print(f"{comm.transport.name}: exchanges by cross-memory attach from "
+                  f"{format_bytes(exchanges['plain'])} (plain), {format_bytes(exchanges['reducing'])} "
+                  f"(reducing) -> {path}")
         for collective, found in measured.items():
             shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in found)
             print(f"{comm.transport.name} at {comm.size} ranks: {collective} {shown} -> {path}")

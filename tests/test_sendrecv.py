@@ -4,6 +4,7 @@ it to the general path's contract: values, message order across tags, late peers
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 import colls
 from algorithms import SUM
+from colls.tune import CROSSOVER_BYTES, tune_exchanges
 from transports.base import COLLECTIVE_TAG_BASE
 from transports.shm import exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 
@@ -205,6 +207,51 @@ def test_exchange_thresholds_follow_the_cores():
     # more ranks than cores: a pull needs its receiver to run; the FIFO's threshold for both
     assert exchange_rendezvous_bytes(chunk, slots, 4, cores=2) == fifo
     assert exchange_rendezvous_bytes(chunk, slots, 4, reducing=True, cores=2) == fifo
+
+
+def test_exchange_thresholds_come_from_the_tune_file_unless_the_environment_sets_them(tmp_path, monkeypatch):
+    chunk, slots = 256 << 10, 4
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(tmp_path / "tune.json"))
+    (tmp_path / "tune.json").write_text(json.dumps(
+        {"shm": {"exchange_cma": {"plain": 512 << 10, "reducing": 8 << 20}, "alpha": 1e-6}}))
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2) == 512 << 10
+    assert exchange_rendezvous_bytes(chunk, slots, 2, reducing=True, cores=2) == 8 << 20
+    assert exchange_rendezvous_bytes(chunk, slots, 4, cores=2) == rendezvous_bytes(chunk, slots)
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(2 << 20))
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2) == 2 << 20
+    (tmp_path / "tune.json").write_text("{not json")   # a broken file: the defaults
+    assert exchange_rendezvous_bytes(chunk, slots, 2, reducing=True, cores=2) == 16 << 20
+
+
+def _tuned_exchanges(comm) -> list:
+    """`colls tune`'s crossover measurement on this group; what it found, what the transport now
+    uses, and whether exchanges of both kinds still deliver."""
+    found = tune_exchanges(comm)
+    transport, peer = comm.transport, 1 - comm.rank
+    right = True
+    for n in (CHUNK, 2 * CHUNK, 4 << 20):
+        mine = np.arange(n // 4, dtype=np.int32) + 1000 * comm.rank
+        got, total = np.zeros_like(mine), mine.copy()
+        transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
+        transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
+        right = right and np.array_equal(got, np.arange(mine.size) + 1000 * peer) and \
+            np.array_equal(total, 2 * np.arange(mine.size) + 1000)
+    return [found, transport.exchange_rendezvous_bytes, transport.reduce_exchange_rendezvous_bytes, right]
+
+
+@pytest.mark.timeout(120)
+def test_tune_measures_the_exchange_crossover_and_puts_it_into_effect():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores the transport keeps the FIFO's threshold")
+    results = colls.spawn(_tuned_exchanges, 2, transport="shm", timeout=100)
+    assert results[0] == results[1]          # both ranks took rank 0's measurement
+    found, plain, reducing, right = results[0]
+    assert right
+    if found is None:
+        pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+    measured = set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}
+    assert found["plain"] in measured and found["reducing"] in measured
+    assert (plain, reducing) == (found["plain"], found["reducing"])
 
 
 def _replace(comm, nbytes: int) -> list:

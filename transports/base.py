@@ -16,10 +16,12 @@ Semantics every transport keeps:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -262,6 +264,20 @@ def timeout_error(requests: Sequence[Request], deadline: float) -> CollectiveTim
     peers = tuple(sorted({r.peer for r in requests if not r.done}))
     late = time.monotonic() - deadline
     return CollectiveTimeout(f"deadline passed ({late:+.3f} s); {describe_pending(requests)}", peers)
+
+
+def tune_file() -> Path:
+    """Where `colls tune` saves what it measured (`COLLS_TUNE_FILE`, default ~/.cache/colls/tune.json)."""
+    return Path(os.environ.get("COLLS_TUNE_FILE") or Path.home() / ".cache" / "colls" / "tune.json")
+
+
+def read_tune_file() -> dict:
+    """The tune file's table by transport name (empty if there is none or it does not parse)."""
+    try:
+        table = json.loads(tune_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
 
 
 class Backoff:

@@ -33,6 +33,7 @@ from .base import (
     Transport,
     check_buffer,
     process_alive,
+    read_tune_file,
     timeout_error,
 )
 from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost, TransportError
@@ -59,8 +60,10 @@ ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its messag
 def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
                               cores: int | None = None) -> int:
     """A sendrecv's message at least this large moves by cross-memory attach (`reducing`: one whose
-    receive is a reduction): when every rank of the group can have a core of its own, from 4 MiB
-    (plain) or 16 MiB (reducing), through the FIFO below, however many slots it takes; with more
+    receive is a reduction): when every rank of the group can have a core of its own, from what
+    `colls tune` measured (`tuned_exchange_bytes`; `COLLS_SHM_EXCHANGE_CMA_BYTES` and
+    `COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES` override it) or by default from 4 MiB (plain) or 16 MiB
+    (reducing), through the FIFO below, however many slots it takes; with more
     ranks than `cores` (default: the cores this process may use), the FIFO's threshold
     (`rendezvous_bytes`: a pull needs its receiver to run, a FIFO send goes out while it waits).
 
@@ -75,9 +78,23 @@ def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool 
     fifo = rendezvous_bytes(chunk, slots)
     if size > (cores if cores is not None else len(os.sched_getaffinity(0))):
         return fifo
-    if reducing:
-        return int(os.environ.get("COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES", str(max(fifo, 16 << 20))))
-    return int(os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", str(max(fifo, 4 << 20))))
+    kind = "reducing" if reducing else "plain"
+    variable = "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES" if reducing else "COLLS_SHM_EXCHANGE_CMA_BYTES"
+    if variable in os.environ:
+        return int(os.environ[variable])
+    tuned = tuned_exchange_bytes().get(kind)
+    return tuned if tuned is not None else max(fifo, (16 << 20) if reducing else (4 << 20))
+
+
+def tuned_exchange_bytes() -> dict[str, int]:
+    """The exchange thresholds `colls tune` measured on this machine ({"plain": bytes, "reducing":
+    bytes}; `colls.tune.exchange_crossover`), from the tune file; empty if it has none."""
+    entry = read_tune_file().get("shm")
+    found = entry.get("exchange_cma") if isinstance(entry, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {kind: int(found[kind]) for kind in ("plain", "reducing")
+            if isinstance(found.get(kind), int) and found[kind] > 0}
 
 
 def rendezvous_bytes(chunk: int, slots: int) -> int:
