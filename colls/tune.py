@@ -402,7 +402,12 @@ def profile(comm: Communicator) -> dict:
     # one numpy call's own cost (an 8 B sum or copy): paid once per call, whatever its size
     work_call = {kind: work_seconds_per_byte(comm, kind, SMALL_BYTES, workers) * SMALL_BYTES
                  for kind in ("reduce", "copy")}
+    # the exchange protocols in effect while measuring (the model prices exchanges by them)
+    thresholds = {kind: int(getattr(comm.transport, name)) for kind, name in
+                  (("plain", "exchange_rendezvous_bytes"), ("reducing", "reduce_exchange_rendezvous_bytes"))
+                  if hasattr(comm.transport, name)}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
+            "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written,
             **{name: float(value) for name, value in zip(names, shared, strict=True)},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],

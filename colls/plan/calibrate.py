@@ -97,7 +97,8 @@ class Profile:
     exchange_after_copy: tuple[tuple[int, float], ...] = ()   # right after a copy of as many bytes
     exchange_reduce_source: tuple[tuple[int, float], ...] = ()   # input ∘ incoming (`from_source`)
     # a sendrecv of at least this many bytes moves by cross-memory attach, as a plain message from
-    # `rendezvous` (the shm transport's `exchange_rendezvous_bytes`; 0: `rendezvous`)
+    # `rendezvous` (the transport's while the profile was measured, else the shm transport's
+    # `exchange_rendezvous_bytes` here; 0: `rendezvous`)
     exchange_rendezvous: int = 0
     reduce_exchange_rendezvous: int = 0
 
@@ -147,8 +148,10 @@ class Profile:
                    if all(e.get("exchange_after_copy_s") for e in entries) else (),
                    median_table("exchange_reduce_source_s")
                    if all(e.get("exchange_reduce_source_s") for e in entries) else (),
-                   exchange_rendezvous_bytes(chunk, slots, size, cores=cores),
-                   exchange_rendezvous_bytes(chunk, slots, size, reducing=True, cores=cores))
+                   *(int(combine([e["exchange_cma_bytes"][kind] for e in entries]))
+                     if all(kind in e.get("exchange_cma_bytes", {}) for e in entries)
+                     else exchange_rendezvous_bytes(chunk, slots, size, kind == "reducing", cores)
+                     for kind in ("plain", "reducing")))
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
