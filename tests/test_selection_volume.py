@@ -159,6 +159,14 @@ def test_colls_tune_measures_and_saves(tmp_path, monkeypatch):
         assert starts[0] == 0 and starts == sorted(set(starts)), (collective, rules)
         assert {name for _, name in rules} <= set(colls.algorithms(collective)) - {"hierarchical"}
         assert f"{collective} {rules[0][1]} from 0 B" in done.stdout
+    # and, with a core per rank and cross-memory attach allowed, from where exchanges go by it
+    if "exchange_cma" in entry:
+        from colls.tune import CROSSOVER_BYTES
+        assert set(entry["exchange_cma"]) == {"plain", "reducing"}
+        assert set(entry["exchange_cma"].values()) <= set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}
+        assert "exchanges by cross-memory attach from" in done.stdout
+    else:
+        assert len(os.sched_getaffinity(0)) < 2 or "exchanges" not in done.stdout
     monkeypatch.setenv("COLLS_TUNE_FILE", str(path))
     assert Selector("shm", 4).machine.alpha == pytest.approx(entry["alpha"])
     for collective, rules in measured.items():
