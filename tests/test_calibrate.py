@@ -49,7 +49,10 @@ def test_work_costs_interpolate_on_log_size_and_stay_flat_outside():
 def test_fifo_messages_busy_both_cpus_cross_memory_attach_is_the_receivers_work():
     network = SharedMemory(4, profile(), footprint=64 * MIB)
     small, large = network.route_for(1, 2, 4 * KIB), network.route_for(1, 2, 4 * MIB)
-    assert [link.name for link in small.links] == ["rank1.cpu", "rank2.cpu", "cores"]
+    # the sender copies in, then the receiver copies out: half the per-byte cost each
+    assert [link.name for link in small.links] == ["rank1.cpu", "cores"]
+    assert [link.name for link in small.then.links] == ["rank2.cpu", "cores"]
+    assert small.byte_weight == small.then.byte_weight == pytest.approx(1e-9 / 1e-10 / 2)
     assert small.alpha == pytest.approx(5e-6) and small.eager and not small.pull
     # the receiver copies on its own clock once it posted its receive; no link carries the bytes
     assert large.links == () and large.rendezvous and large.pull == pytest.approx(1e-10)
@@ -59,6 +62,26 @@ def test_fifo_messages_busy_both_cpus_cross_memory_attach_is_the_receivers_work(
                    0.0, {}, ((1, 0.0),), ((1, 0.0),))
     assert SharedMemory(2, slow, footprint=64 * MIB).route_for(0, 1, MIB).pull > \
         SharedMemory(2, slow, footprint=MIB).route_for(0, 1, MIB).pull
+
+
+def test_a_fifo_senders_next_message_goes_in_while_the_last_comes_out():
+    # two 16 KiB FIFO messages from rank 0 to rank 1 (α 5 us, 1 ns/B, half of it each side): the
+    # second's copy in starts when the first's ends (one port), beside the first's copy out
+    from transports.sim import SimWorld
+
+    size = 16 * KIB
+
+    def body(transport):
+        bufs = [np.zeros(size, np.uint8) for _ in range(2)]
+        if transport.rank == 0:
+            transport.wait_all([transport.isend(buf, 1, tag) for tag, buf in enumerate(bufs)], float("inf"))
+        else:
+            transport.wait_all([transport.irecv(buf, 0, tag) for tag, buf in enumerate(bufs)], float("inf"))
+        return transport.clock
+
+    half = size * 1e-9 / 2
+    received = SimWorld(2, SharedMemory(2, profile())).run(body)[1]
+    assert received == pytest.approx(2 * 5e-6 + 3 * half, rel=1e-6)   # one flow each: 2α + 4 halves
 
 
 def test_a_pulled_message_waits_for_its_receiver_to_run():

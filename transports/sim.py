@@ -168,6 +168,10 @@ class Route:
     pull: float = 0.0      # seconds per byte the receiver copies itself once its wait ends (on its
                            # own clock, so on its core); its send completes when that copy is done
     pull_contended: float = 0.0   # the same while another rank's pull runs (0: no slower)
+    # a second stage: when the bytes have crossed `links`, the sending port is free for the next
+    # message and the bytes cross `then`'s links before they arrive (a FIFO: the sender copies in,
+    # then the receiver copies out, while the sender copies its next message in)
+    then: Route | None = None
 
 
 class IdealNetwork:
@@ -208,7 +212,7 @@ class _Message:
     """A send in flight: its route, its progress through the links, and the receive it matched."""
 
     __slots__ = ("send", "recv", "route", "data", "arrived", "remaining", "rate", "since", "version",
-                 "posted", "sender", "parked")
+                 "posted", "sender", "parked", "staged")
 
     def __init__(self, send: _SimRequest, route: Route, data: np.ndarray | None, sender: _Rank) -> None:
         self.send = send
@@ -223,6 +227,7 @@ class _Message:
         self.posted = send.posted
         self.sender = sender
         self.parked = False    # a rendezvous message whose port is ready, waiting for its receive
+        self.staged = False    # in its route's second stage (`Route.then`): its port is free again
 
 
 class _Port:
@@ -588,6 +593,10 @@ class SimWorld:
             message.parked = True   # SimTransport._match starts it when the receive comes
             return
         self.messages += 1
+        self._flow(message)
+
+    def _flow(self, message: _Message) -> None:
+        """Put `message`'s bytes on its route's links from now (its end is an event)."""
         message.since = self.now
         if message.remaining <= 0 or not message.route.links:
             self._end_flow(message)
@@ -633,18 +642,33 @@ class SimWorld:
                 if flows:
                     self._dirty.add(link)
         message.version += 1
-        if not message.route.pull:   # a pulled message's send ends when its receiver has copied it
+        route = message.route
+        if route.then is not None and not message.staged:
+            # the first stage is over: the port is free for the next message, the bytes go on
+            self._release_port(message)
+            message.staged = True
+            message.route = route.then
+            message.remaining = float(message.send.nbytes) * route.then.byte_weight
+            message.rate = 0.0   # no share yet on the new links (`_update_rates` sets one)
+            self._flow(message)
+            return
+        if not route.pull:   # a pulled message's send ends when its receiver has copied it
             self._done_request(message.send)
-        port = message.sender.ports[message.route.port]
-        if port.queue:
-            following = port.queue.popleft()
-            self._push(max(following.posted, now) + following.route.alpha * message.sender.slowdown,
-                       _PORT_START, following)
-        else:
-            port.busy = False
+        if not message.staged:
+            self._release_port(message)
         message.arrived = now
         if message.recv is not None:
             self.deliver(message)
+
+    def _release_port(self, message: _Message) -> None:
+        """`message` has left its sender's port: start the next one queued there."""
+        port = message.sender.ports[message.route.port]
+        if port.queue:
+            following = port.queue.popleft()
+            self._push(max(following.posted, self.now) + following.route.alpha * message.sender.slowdown,
+                       _PORT_START, following)
+        else:
+            port.busy = False
 
     def deliver(self, message: _Message) -> None:
         """The message has arrived and its receive is posted: complete the receive (γ later if reducing)."""

@@ -13,8 +13,9 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   measured (both ranks at once), through the FIFO up to its own thresholds (4 MiB plain, 16 MiB
   reducing, when every rank has a core); a piece of a bigger call moves its bytes no faster than a
   message or exchange of the call's size (its lines come from where the call's bytes live);
-- those bytes are CPU work: a FIFO message keeps both ranks' CPUs busy, a cross-memory one the
-  receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
+- those bytes are CPU work: a FIFO message the sender's CPU while it copies in, then the
+  receiver's while it copies out (the sender copies its next one in meanwhile), a cross-memory
+  one the receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
   get half;
 - reductions and copies cost what numpy took per byte at the call's size (in or out of cache) with
   as many ranks working at once as there are cores (the memory bus is shared); a scratch buffer an
@@ -313,7 +314,8 @@ class SharedMemory:
         return self.route_for(src, dst, 0)
 
     def route_for(self, src: int, dst: int, nbytes: int, written: bool = False) -> Route:
-        """The FIFO keeps sender and receiver copying, and its send is done once copied in (eager);
+        """Through the FIFO the sender copies in, then the receiver copies out (two stages), and
+        its send is done once copied in (eager);
         by cross-memory attach the receiver copies, once it has posted its receive and runs (on its
         own core, so ranks sharing a core take turns), and the send is done when it has; slower
         from a buffer the sender has `written` in this call (its lines dirty in the sender's cache)."""
@@ -325,8 +327,9 @@ class SharedMemory:
             # (`ShmTransport._isend` pushes each as it is posted): one port for all of them. As
             # flows of their own, a root's three 256 KiB sends of a 4-rank broadcast shared its
             # CPU and all landed at the end, and the model priced that call at 107 us (34 measured)
-            return Route(alpha, (self.cpu[src], self.cpu[dst], self.cores), "fifo out",
-                         beta / REFERENCE_SECONDS_PER_BYTE, eager=True)
+            weight = beta / REFERENCE_SECONDS_PER_BYTE / 2
+            return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
+                         then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight))
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
         if size > nbytes:
             beta = self.profile.message_cost(size)[1] or beta
