@@ -10,13 +10,14 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   moves a message below its rendezvous size (the FIFO's capacity) through its FIFO (the sender
   copies in, the receiver copies out) and a larger one by cross-memory attach (the receiver
   copies straight out of the sender); a sendrecv costs the exchange of its size and kind as
-  measured (both ranks at once), through the FIFO up to its own thresholds (4 MiB plain, 16 MiB
-  reducing, when every rank has a core); a piece of a bigger call moves its bytes no faster than a
+  measured (both ranks at once), through the FIFO up to its own thresholds (those in effect when
+  the profile was measured: `colls tune`'s, 4 MiB plain and 16 MiB reducing by default, when every
+  rank has a core); a piece of a bigger call moves its bytes no faster than a
   message or exchange of the call's size (its lines come from where the call's bytes live);
-- those bytes are CPU work: a FIFO message the sender's CPU while it copies in, then the
-  receiver's while it copies out (the sender copies its next one in meanwhile), a cross-memory
-  one the receiver's, and all flows share the machine's cores, so 4 ranks copying at once on 2 cores each
-  get half;
+- those bytes are CPU work: a FIFO message keeps the sender's CPU busy while it copies in, then
+  the receiver's while it copies out (the sender copies its next one in meanwhile), a
+  cross-memory one the receiver's, and all flows share the machine's cores, so 4 ranks copying
+  at once on 2 cores each get half;
 - reductions and copies cost what numpy took per byte at the call's size (in or out of cache) with
   as many ranks working at once as there are cores (the memory bus is shared); a scratch buffer an
   algorithm allocates costs its first touch (page faults when numpy maps a big buffer anew);
