@@ -31,14 +31,16 @@ class Collectives:
             plan = check.plans.get((op, x.dtype, x.shape))   # a small call seen before: see `Plan`
             if plan is not None:
                 planned = plan.output(x, out)
-                if planned is not None and self._in_line():
+                # `_in_line()`, a frame less: nothing queued before it, no tracing, open
+                if (planned is not None and not self._executor.pending and not self._tracer.active
+                        and not self.closed):
                     return self._run_planned(plan, x, planned, timeout)
         x = check.array("all_reduce", x)
         signature = (op, x.dtype, x.shape)
         op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
         result, work = check.result("all_reduce", out, x.shape, x.dtype)
         if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
-            check.keep_plan(signature, Plan(op, algo, x.shape))
+            check.keep_plan(signature, Plan(op, algo, x.shape, x.dtype, self.name))
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns

@@ -85,23 +85,27 @@ class Communicator(Collectives):
 
     def _run_planned(self, plan: Plan, x: np.ndarray, work: np.ndarray, timeout: float | None) -> np.ndarray:
         """A blocking all_reduce whose checks `plan` made once (see `describe.Plan`): `_run` and
-        `_job` for it, without their closures and frames, since its cost is its software."""
+        `_job` for it, without their closures and frames, since its cost is its software. The plan
+        names the call in timeout messages (numbered now), so no `Description` is made unless it fails."""
         if work is not x:
-            np.copyto(work, x)
+            work[...] = x   # same shape and dtype, both contiguous: a third of `np.copyto`'s cost here
         flat = work if work.ndim == 1 else work.reshape(-1)
         op, algorithm = plan.op, plan.algorithm
         seq = self._seq
         self._seq = seq + 1
-        description = Description("all_reduce", x.dtype, x.size, None, op.name, algorithm.name,
-                                  seq - self._hidden, self.name)
-        traffic = self._traffic_for("all_reduce")
+        plan.seq = seq - self._hidden
+        traffic = self._traffic.get("all_reduce") or self._traffic_for("all_reduce")
         traffic.calls += 1
-        channel = self._aim(seq, self.timeout if timeout is None else float(timeout), description, traffic)
-        with self._executor.exclusive():
+        channel = self._channel   # `_aim`, inline
+        channel.tag = COLLECTIVE_TAG_BASE + seq
+        channel.deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+        channel.what = plan
+        channel.traffic = traffic
+        with self._executor._running:
             try:
                 algorithm.run(channel, flat, op)
             except BaseException as error:
-                self._broken(description, error)
+                self._broken(plan.description(), error)
                 raise
         if op.finishes:
             op.finish(flat, self.size)

@@ -73,12 +73,25 @@ class Plan:
     between calls (its buffers' layout) and runs in line: MPI-4's persistent collectives
     (MPI_Allreduce_init) made implicit, for the calls whose cost is the library's own software."""
 
-    __slots__ = ("op", "algorithm", "shape")
+    __slots__ = ("op", "algorithm", "shape", "dtype", "group", "seq")
 
-    def __init__(self, op: Op, algorithm: Algorithm, shape: tuple[int, ...]) -> None:
+    def __init__(self, op: Op, algorithm: Algorithm, shape: tuple[int, ...], dtype: np.dtype,
+                 group: str) -> None:
         self.op = op
         self.algorithm = algorithm
         self.shape = shape
+        self.dtype = dtype
+        self.group = group
+        self.seq = -1   # the number of the call running now (set by the communicator on each call)
+
+    def description(self) -> Description:
+        """The running call's `Description`, made only when something needs it (an error)."""
+        count = int(np.prod(self.shape, dtype=np.int64))
+        return Description("all_reduce", self.dtype, count, None, self.op.name, self.algorithm.name,
+                           self.seq, self.group)
+
+    def __str__(self) -> str:
+        return str(self.description())
 
     def output(self, x: np.ndarray, out: object) -> np.ndarray | None:
         """Where this call's result goes, if `x` and `out` pass as the planned call's did; None:
