@@ -108,10 +108,10 @@ class Contender:
 
 def measure(world, contenders: list[Contender], spec: Spec) -> None:
     """Check, warm up and time every contender; the timed calls alternate between them in rounds,
-    so that a burst of load on a shared machine falls on all of them rather than on one, and each
-    round starts from the next contender, so that none always runs right after the same other one
-    (a big call leaves the machine slower for the next few: after a 16 MiB copy on both ranks, a
-    16 MiB all-reduce took 3.8, 3.6, 3.1, 2.9 ms in turn, against 2.2 ms in a loop of its own)."""
+    so that a burst of load on a shared machine falls on all of them rather than on one, and in an
+    order that has each run right after each other one equally often (`round_order`): a call
+    leaves the machine slower for the next few (after a 16 MiB copy on both ranks, a 16 MiB
+    all-reduce took 3.8, 3.6, 3.1, 2.9 ms in turn, against 2.2 ms in a loop of its own)."""
     for contender in contenders:
         prepared, case = contender.prepared, contender.case
         if case is not None:   # a checked first call into a poisoned output
@@ -127,14 +127,23 @@ def measure(world, contenders: list[Contender], spec: Spec) -> None:
             fit = int(spec.budget_s / max(float(np.median(warm)), 1e-9))
             contender.iterations = min(spec.max_iters, max(spec.min_iters, fit))
     for round_index in range(ROUNDS):
-        first = round_index % len(contenders)
-        for contender in contenders[first:] + contenders[:first]:
+        for contender in round_order(contenders, round_index):
             total = contender.iterations   # this round's share of them: the splits add up to total
             share = total * (round_index + 1) // ROUNDS - total * round_index // ROUNDS
             if share:
                 contender.times.append(timed(world, contender.prepared, share))
     for contender in contenders:
         contender.check()   # the buffer as the last timed call left it
+
+
+def round_order(contenders: list, round_index: int) -> list:
+    """The order of round `round_index`: the first contender, then the others forward in even rounds
+    and backward in odd ones. Over two rounds, boundaries included, each of up to three contenders
+    runs right after each of the others equally often (a, b, c | a, c, b | ...: a>b, b>c, c>a, a>c,
+    c>b, b>a). Rotating the order instead keeps the cycle: colls would run after Gloo in two rounds
+    of three, MPI in one."""
+    first, rest = contenders[:1], contenders[1:]
+    return first + (rest if round_index % 2 == 0 else rest[::-1])
 
 
 def memcpy_contender(nbytes: int) -> Contender:
