@@ -7,6 +7,8 @@ expression (recursive doubling: both partners compute `lower ∘ higher`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from transports.base import Channel, Request
@@ -92,8 +94,21 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
     channel.wait(*requests)
 
 
+def doubling_exchanges(rank: int, size: int, op: Op) -> tuple[tuple[int, Callable], ...] | None:
+    """Recursive doubling as a list of in-place exchanges, (partner, fold) per step, where the group
+    is a power of two (no fold in or out); None otherwise. A planned call (see `colls.describe.Plan`)
+    works this out once and then runs the exchanges itself: MPI's persistent collectives, which fix
+    the schedule at MPI_Allreduce_init."""
+    new_rank, pairs, partners = doubling_partners(rank, size)
+    if pairs or new_rank < 0 or not partners:
+        return None
+    # both partners compute lower ∘ higher
+    return tuple((partner, op.into_right if partner < rank else op.into_left) for partner in partners)
+
+
 @register("all_reduce", "recursive_doubling",
-          "log2 n rounds of whole-buffer exchanges with rank XOR 2^k: latency-optimal for small buffers")
+          "log2 n rounds of whole-buffer exchanges with rank XOR 2^k: latency-optimal for small buffers",
+          exchanges=doubling_exchanges)
 def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
     """Recursive doubling (Thakur, Rabenseifner & Gropp 2005), with MPICH's fold for any n."""
     rank = channel.rank

@@ -17,19 +17,22 @@ class Algorithm:
     commutative_only: bool = False   # cannot keep rank order, so refuses non-commutative ops
     reads_input_only: bool = False   # reduce_scatter: never writes its input (no scratch copy needed)
     takes_source: bool = False       # all_reduce: reads the input itself, so it is not copied first
+    # all_reduce: (rank, size, op) -> the schedule as ((peer, fold), ...) exchanges in place, or None
+    # where it is more than that; what a planned call runs without the algorithm's frames
+    exchanges: Callable | None = None
 
 
 CATALOGUE: dict[str, dict[str, Algorithm]] = {}
 
 
 def register(collective: str, name: str, summary: str, *, commutative_only: bool = False,
-             reads_input_only: bool = False, takes_source: bool = False):
+             reads_input_only: bool = False, takes_source: bool = False, exchanges: Callable | None = None):
     """Decorator adding an algorithm function to the catalogue under (collective, name)."""
 
     def add(fn: Callable) -> Callable:
         CATALOGUE.setdefault(collective, {})[name] = Algorithm(collective, name, fn, summary,
                                                                commutative_only, reads_input_only,
-                                                               takes_source)
+                                                               takes_source, exchanges)
         return fn
 
     return add

@@ -40,7 +40,8 @@ class Collectives:
         op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
         result, work = check.result("all_reduce", out, x.shape, x.dtype)
         if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
-            check.keep_plan(signature, Plan(op, algo, x.shape, x.dtype, self.name))
+            exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
+            check.keep_plan(signature, Plan(op, algo, x.shape, x.dtype, self.name, exchanges))
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns

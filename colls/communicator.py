@@ -101,9 +101,15 @@ class Communicator(Collectives):
         channel.deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
         channel.what = plan
         channel.traffic = traffic
+        exchanges = plan.exchanges
         with self._executor._running:
             try:
-                algorithm.run(channel, flat, op)
+                if exchanges is None:
+                    algorithm.run(channel, flat, op)
+                else:   # the algorithm's exchanges, worked out when the plan was made
+                    scratch = None
+                    for peer, fold in exchanges:
+                        scratch = channel.exchange_replace(flat, peer, peer, fold, scratch)
             except BaseException as error:
                 self._broken(plan.description(), error)
                 raise

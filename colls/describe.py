@@ -73,15 +73,16 @@ class Plan:
     between calls (its buffers' layout) and runs in line: MPI-4's persistent collectives
     (MPI_Allreduce_init) made implicit, for the calls whose cost is the library's own software."""
 
-    __slots__ = ("op", "algorithm", "shape", "dtype", "group", "seq")
+    __slots__ = ("op", "algorithm", "shape", "dtype", "group", "exchanges", "seq")
 
     def __init__(self, op: Op, algorithm: Algorithm, shape: tuple[int, ...], dtype: np.dtype,
-                 group: str) -> None:
+                 group: str, exchanges: tuple | None = None) -> None:
         self.op = op
         self.algorithm = algorithm
         self.shape = shape
         self.dtype = dtype
         self.group = group
+        self.exchanges = exchanges   # the algorithm as in-place exchanges, if it is only that
         self.seq = -1   # the number of the call running now (set by the communicator on each call)
 
     def description(self) -> Description:

@@ -92,3 +92,26 @@ def test_a_bad_op_is_still_named_once_a_signature_is_planned():
         return True
 
     assert colls.spawn(body, 2, transport="local") == [True, True]
+
+
+def _planned_exchanges(comm) -> tuple:
+    """Which exchanges the plan of a small sum holds, and whether a float sum still agrees bitwise."""
+    x = np.linspace(0.1, 1.7, 5, dtype=np.float32) * (comm.rank + 1)
+    first = comm.all_reduce(x, op="sum")
+    again = comm.all_reduce(x, op="sum")   # planned
+    plan = next(iter(comm._check.plans.values()))
+    peers = None if plan.exchanges is None else [peer for peer, _ in plan.exchanges]
+    return peers, first.tobytes(), again.tobytes()
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_plan_runs_recursive_doublings_exchanges_itself_where_they_are_all_it_does(size):
+    results = colls.spawn(_planned_exchanges, size, transport="shm", timeout=60)
+    for rank, (peers, first, again) in enumerate(results):
+        # partners rank XOR 1, XOR 2, ... (recursive doubling); of 3 ranks, 0 and 1 fold into one
+        # (their plan runs the algorithm) and rank 2 only exchanges with rank 1
+        want = {3: {0: None, 1: None, 2: [1]}}.get(size, {r: [r ^ 1, r ^ 2][:size // 2] for r in range(size)})
+        assert peers == want[rank], (rank, peers)
+        assert again == first == results[0][1]   # the same bits on every rank, planned or not
+    want = sum(np.linspace(0.1, 1.7, 5, dtype=np.float32) * (r + 1) for r in range(size))
+    np.testing.assert_allclose(np.frombuffer(results[0][1], np.float32), want, rtol=1e-6)
