@@ -27,11 +27,23 @@ class Collectives:
                    timeout: float | None = None) -> Result:
         """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
         check = self._check
-        if algorithm is None and not async_op and type(x) is np.ndarray and isinstance(op, (str, Op)):
-            plan = check.plans.get((op, x.dtype, x.shape))   # a small call seen before: see `Plan`
-            if plan is not None:
-                planned = plan.output(x, out)
-                # `_in_line()`, a frame less: nothing queued before it, no tracing, open
+        if algorithm is None and not async_op and type(x) is np.ndarray:
+            try:
+                plan = check.plans.get((op, x.dtype, x.shape))   # a small call seen before: see `Plan`
+            except TypeError:   # an unhashable op: the checks below name it
+                plan = None
+            # the planned path, inline (each frame costs): the buffers pass as the planned call's
+            # did (else the full checks), nothing is queued before it, no tracing, open
+            if plan is not None and x.flags.c_contiguous:
+                if out is None:
+                    planned = np.empty(plan.shape, x.dtype)
+                elif out is x:
+                    planned = x
+                elif (type(out) is np.ndarray and out.shape == plan.shape and out.dtype == x.dtype
+                      and out.flags.c_contiguous and out.flags.writeable):
+                    planned = out
+                else:
+                    planned = None
                 if (planned is not None and not self._executor.pending and not self._tracer.active
                         and not self.closed):
                     return self._run_planned(plan, x, planned, timeout)

@@ -79,10 +79,6 @@ class Communicator(Collectives):
         with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
             return self._job(body, description, seq, deadline_s, traffic, nbytes)
 
-    def _in_line(self) -> bool:
-        """Whether a planned call may run now, in line: nothing queued before it, no tracing, open."""
-        return not self._executor.pending and not self._tracer.active and not self.closed
-
     def _run_planned(self, plan: Plan, x: np.ndarray, work: np.ndarray, timeout: float | None) -> np.ndarray:
         """A blocking all_reduce whose checks `plan` made once (see `describe.Plan`): `_run` and
         `_job` for it, without their closures and frames, since its cost is its software. The plan

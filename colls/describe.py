@@ -94,21 +94,6 @@ class Plan:
     def __str__(self) -> str:
         return str(self.description())
 
-    def output(self, x: np.ndarray, out: object) -> np.ndarray | None:
-        """Where this call's result goes, if `x` and `out` pass as the planned call's did; None:
-        the call takes the full checks (a strided buffer, another kind of `out`...)."""
-        if not x.flags.c_contiguous:
-            return None
-        if out is None:
-            return np.empty(self.shape, x.dtype)
-        if out is x:
-            return x
-        if type(out) is np.ndarray and out.shape == self.shape and out.dtype == x.dtype:
-            flags = out.flags
-            if flags.c_contiguous and flags.writeable:
-                return out
-        return None
-
 
 PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it, data movement dominates)
 
