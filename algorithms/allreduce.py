@@ -95,10 +95,11 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
 
 
 def doubling_exchanges(rank: int, size: int, op: Op) -> tuple[tuple[int, Callable], ...] | None:
-    """Recursive doubling as a list of in-place exchanges, (partner, fold) per step, where the group
-    is a power of two (no fold in or out); None otherwise. A planned call (see `colls.describe.Plan`)
-    works this out once and then runs the exchanges itself: MPI's persistent collectives, which fix
-    the schedule at MPI_Allreduce_init."""
+    """`rank`'s part of recursive doubling as in-place exchanges, (partner, fold) per step, where it
+    is only that: every rank of a power-of-two group, and the ranks above the pairs that fold into
+    one another otherwise (rank 2 of 3); None for a rank of a pair, or of a group of one. A planned
+    call (see `colls.describe.Plan`) works this out once and then runs the exchanges itself: MPI's
+    persistent collectives, which fix the schedule at MPI_Allreduce_init."""
     new_rank, pairs, partners = doubling_partners(rank, size)
     if pairs or new_rank < 0 or not partners:
         return None
