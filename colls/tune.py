@@ -80,6 +80,7 @@ PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
 # plain; reducing in place (a float32 sum, as the all-reduces' steps: below the FIFO's capacity
 # it keeps the FIFO where a plain one beyond a slot goes by cross-memory attach); reducing from
 # the input (`Op.from_source`); from send buffers just written; right after a copy.
+EXCHANGE_PASSES = 3
 EXCHANGE_KINDS = {"exchange_s": {}, "exchange_reduce_s": {"reduce": True},
                   "exchange_reduce_source_s": {"reduce": "source"}, "exchange_written_s": {"written": True},
                   "exchange_after_copy_s": {"after_copy": True}}
@@ -343,9 +344,16 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         receive_reduce = max(0.0, exchange_seconds(pair, 2000, reduce=True, fence=fence) - exchange_small)
         # every size and kind: below the rendezvous size a sendrecv is one step (shm's one-slot
         # path), not two messages; from it two cross-memory reads run at once
-        exchanges = {name: {str(n): exchange_seconds(pair, rounds[n], n, fence=fence, **how)
-                            for n in PROFILE_MESSAGE_BYTES}
-                     for name, how in EXCHANGE_KINDS.items()}
+        # in EXCHANGE_PASSES passes over every kind and size, the median of the passes' medians: a
+        # burst of load on a shared machine falls on several entries a little rather than on one
+        # (in one pass, a profile's plain 4 MiB exchange took 218, 261 and 324 us in three runs)
+        passes = {name: {n: [] for n in PROFILE_MESSAGE_BYTES} for name in EXCHANGE_KINDS}
+        for _ in range(EXCHANGE_PASSES):
+            for name, how in EXCHANGE_KINDS.items():
+                for n in PROFILE_MESSAGE_BYTES:
+                    passes[name][n].append(exchange_seconds(pair, rounds[n], n, fence=fence, **how))
+        exchanges = {name: {str(n): statistics.median(times) for n, times in by_size.items()}
+                     for name, by_size in passes.items()}
         # a message from a buffer the sender has just written, at the cross-memory-attach sizes
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True, fence=fence)
                                - start)
