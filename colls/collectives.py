@@ -53,7 +53,7 @@ class Collectives:
         result, work = check.result("all_reduce", out, x.shape, x.dtype)
         if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
             exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
-            check.keep_plan(signature, Plan(op, algo, x.shape, x.dtype, self.name, exchanges))
+            check.keep_plan(signature, Plan("all_reduce", op, algo, x.shape, x.dtype, self.name, exchanges))
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns
@@ -122,10 +122,17 @@ class Collectives:
                    async_op: bool = False, timeout: float | None = None) -> Result:
         """Concatenate every rank's `x` along axis 0, in rank order, on every rank."""
         check = self._check
+        if algorithm is None and not async_op and type(x) is np.ndarray:
+            plan = check.block_plans.get(("all_gather", x.dtype, x.shape))   # seen before: see `Plan`
+            if plan is not None:
+                planned = self._run_planned_blocks(plan, x, out, timeout)
+                if planned is not None:
+                    return planned
         x = check.rows("all_gather", check.array("all_gather", x))
         algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
         result, work = check.result("all_gather", out, shape, x.dtype)
+        self._keep_block_plan("all_gather", x, algorithm, algo, shape)
 
         send = _apart_from(x, work)
 
@@ -164,10 +171,17 @@ class Collectives:
                    async_op: bool = False, timeout: float | None = None) -> Result:
         """Send block i of axis 0 to rank i; block j of the result came from rank j."""
         check = self._check
+        if algorithm is None and not async_op and type(x) is np.ndarray:
+            plan = check.block_plans.get(("all_to_all", x.dtype, x.shape))   # seen before: see `Plan`
+            if plan is not None:
+                planned = self._run_planned_blocks(plan, x, out, timeout)
+                if planned is not None:
+                    return planned
         x = check.rows("all_to_all", check.array("all_to_all", x))
         check.divisible("all_to_all", x)
         algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
         result, work = check.result("all_to_all", out, x.shape, x.dtype)
+        self._keep_block_plan("all_to_all", x, algorithm, algo, x.shape)
         send = _apart_from(x, work)
 
         def body(channel):

@@ -87,16 +87,7 @@ class Communicator(Collectives):
             work[...] = x   # same shape and dtype, both contiguous: a third of `np.copyto`'s cost here
         flat = work if work.ndim == 1 else work.reshape(-1)
         op, algorithm = plan.op, plan.algorithm
-        seq = self._seq
-        self._seq = seq + 1
-        plan.seq = seq - self._hidden
-        traffic = self._traffic.get("all_reduce") or self._traffic_for("all_reduce")
-        traffic.calls += 1
-        channel = self._channel   # `_aim`, inline
-        channel.tag = COLLECTIVE_TAG_BASE + seq
-        channel.deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
-        channel.what = plan
-        channel.traffic = traffic
+        channel = self._aim_plan(plan, timeout)
         exchanges = plan.exchanges
         with self._executor._running:
             try:
@@ -112,6 +103,54 @@ class Communicator(Collectives):
         if op.finishes:
             op.finish(flat, self.size)
         return work
+
+    def _aim_plan(self, plan: Plan, timeout: float | None) -> Channel:
+        """`_run`'s and `_aim`'s work for a planned call: its number (kept in the plan, which names
+        the call in timeout messages), its counters, the channel pointed at it."""
+        seq = self._seq
+        self._seq = seq + 1
+        plan.seq = seq - self._hidden
+        collective = plan.collective
+        traffic = self._traffic.get(collective) or self._traffic_for(collective)
+        traffic.calls += 1
+        channel = self._channel
+        channel.tag = COLLECTIVE_TAG_BASE + seq
+        channel.deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+        channel.what = plan
+        channel.traffic = traffic
+        return channel
+
+    def _run_planned_blocks(self, plan: Plan, x: np.ndarray, out: object,
+                            timeout: float | None) -> np.ndarray | None:
+        """A blocking all_gather or all_to_all whose checks `plan` made once; None: this call takes
+        the full path (a strided buffer, another kind of `out`, work queued, tracing, closed)."""
+        if (not x.flags.c_contiguous or self._executor.pending or self._tracer.active
+                or self.closed):
+            return None
+        if out is None:
+            work, send = np.empty(plan.out_shape, x.dtype), x
+        elif (type(out) is np.ndarray and out.shape == plan.out_shape and out.dtype == x.dtype
+              and out.flags.c_contiguous and out.flags.writeable):
+            # blocks are read after others land: an `out` over `x` needs `x` copied first
+            work, send = out, (x.copy() if np.may_share_memory(x, out) else x)
+        else:
+            return None
+        channel = self._aim_plan(plan, timeout)
+        with self._executor._running:
+            try:
+                plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
+            except BaseException as error:
+                self._broken(plan.description(), error)
+                raise
+        return work
+
+    def _keep_block_plan(self, collective: str, x: np.ndarray, forced: str | None, algorithm,
+                         out_shape: tuple[int, ...]) -> None:
+        """After the full checks of an all_gather or all_to_all: plan its signature's later calls,
+        unless the algorithm was forced or is the hierarchical one (which builds its levels)."""
+        if forced is None and algorithm.name != "hierarchical":
+            self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
+                                             out_shape=out_shape))
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""

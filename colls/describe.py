@@ -68,28 +68,34 @@ class Description:
 
 
 class Plan:
-    """What the checks of one small all_reduce signature (op, dtype, shape) concluded: the operator
-    and the algorithm. A later call with the same signature is checked only for what can differ
+    """What the checks of one call signature concluded: for a small all_reduce (op, dtype, shape)
+    the operator and the algorithm, for an all_gather or all_to_all (dtype, shape) the algorithm and
+    the output's shape. A later call with the same signature is checked only for what can differ
     between calls (its buffers' layout) and runs in line: MPI-4's persistent collectives
-    (MPI_Allreduce_init) made implicit, for the calls whose cost is the library's own software."""
+    (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls whose cost is the library's
+    own software."""
 
-    __slots__ = ("op", "algorithm", "shape", "dtype", "group", "exchanges", "seq")
+    __slots__ = ("collective", "op", "algorithm", "shape", "dtype", "group", "exchanges", "out_shape",
+                 "seq")
 
-    def __init__(self, op: Op, algorithm: Algorithm, shape: tuple[int, ...], dtype: np.dtype,
-                 group: str, exchanges: tuple | None = None) -> None:
+    def __init__(self, collective: str, op: Op | None, algorithm: Algorithm, shape: tuple[int, ...],
+                 dtype: np.dtype, group: str, exchanges: tuple | None = None,
+                 out_shape: tuple[int, ...] | None = None) -> None:
+        self.collective = collective
         self.op = op
         self.algorithm = algorithm
         self.shape = shape
         self.dtype = dtype
         self.group = group
-        self.exchanges = exchanges   # the algorithm as in-place exchanges, if it is only that
+        self.exchanges = exchanges   # all_reduce: the algorithm as in-place exchanges, if only that
+        self.out_shape = shape if out_shape is None else out_shape
         self.seq = -1   # the number of the call running now (set by the communicator on each call)
 
     def description(self) -> Description:
         """The running call's `Description`, made only when something needs it (an error)."""
         count = int(np.prod(self.shape, dtype=np.int64))
-        return Description("all_reduce", self.dtype, count, None, self.op.name, self.algorithm.name,
-                           self.seq, self.group)
+        return Description(self.collective, self.dtype, count, None, self.op and self.op.name,
+                           self.algorithm.name, self.seq, self.group)
 
     def __str__(self) -> str:
         return str(self.description())
@@ -111,6 +117,7 @@ class Validator:
         self.selector = selector
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
         self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
+        self.block_plans: dict[tuple, Plan] = {}   # (collective, dtype, shape): all_gather, all_to_all
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -207,6 +214,12 @@ class Validator:
             if len(self.plans) > 4096:
                 self.plans.clear()
             self.plans[signature] = plan
+
+    def keep_block_plan(self, plan: Plan) -> None:
+        """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape)."""
+        if len(self.block_plans) > 4096:
+            self.block_plans.clear()
+        self.block_plans[plan.collective, plan.dtype, plan.shape] = plan
 
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:

@@ -115,3 +115,97 @@ def test_a_plan_runs_recursive_doublings_exchanges_itself_where_they_are_all_it_
         assert again == first == results[0][1]   # the same bits on every rank, planned or not
     want = sum(np.linspace(0.1, 1.7, 5, dtype=np.float32) * (r + 1) for r in range(size))
     np.testing.assert_allclose(np.frombuffer(results[0][1], np.float32), want, rtol=1e-6)
+
+
+def _blocks_every_kind_of_buffer(comm) -> list[bool]:
+    """all_gather and all_to_all of one signature, twice each, with each kind of `out`."""
+    n = comm.size
+    x = np.arange(2 * n * 3, dtype=np.int32).reshape(2 * n, 3) + 1000 * comm.rank
+    gathered = np.concatenate([np.arange(2 * n * 3, dtype=np.int32).reshape(2 * n, 3) + 1000 * r
+                               for r in range(n)])
+    swapped = np.concatenate([(np.arange(2 * n * 3, dtype=np.int32).reshape(2 * n, 3) + 1000 * r)
+                              [2 * comm.rank:2 * comm.rank + 2] for r in range(n)])
+    ok = []
+    for _ in range(2):
+        ok.append(np.array_equal(comm.all_gather(x), gathered))
+        out = np.full(gathered.shape, -1, np.int32)
+        ok.append(comm.all_gather(x, out=out) is out and np.array_equal(out, gathered))
+        strided = np.full((gathered.shape[0], 6), -1, np.int32)[:, ::2]      # the full path copies back
+        ok.append(comm.all_gather(x, out=strided) is strided and np.array_equal(strided, gathered))
+        inside = np.full(gathered.shape, -1, np.int32)                      # x is a view of out
+        mine = inside[2 * n * comm.rank:2 * n * (comm.rank + 1)]
+        mine[...] = x
+        ok.append(np.array_equal(comm.all_gather(mine, out=inside), gathered))
+        ok.append(np.array_equal(comm.all_to_all(x), swapped))
+        out = np.full(x.shape, -1, np.int32)
+        ok.append(comm.all_to_all(x, out=out) is out and np.array_equal(out, swapped))
+        y = x.copy()
+        ok.append(comm.all_to_all(y, out=y) is y and np.array_equal(y, swapped))   # in place
+        wide = np.repeat(x, 2, axis=1)[:, ::2]                                   # a strided x
+        ok.append(np.array_equal(comm.all_to_all(wide), swapped))
+        read_only = np.full(x.shape, -1, np.int32)
+        read_only.flags.writeable = False
+        with pytest.raises(colls.InvalidArgument, match="read-only"):
+            comm.all_to_all(x, out=read_only)                                   # refused once planned too
+        with pytest.raises(colls.InvalidArgument, match="shape"):
+            comm.all_gather(x, out=np.empty((gathered.shape[0] + 1, 3), np.int32))   # a wrong out: named
+    stats = comm.stats()
+    ok.append(stats["all_gather"]["calls"] == 8 and stats["all_to_all"]["calls"] == 8)
+    ok.append(len(comm._check.block_plans) >= 2)
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+    for rank, checks in enumerate(colls.spawn(_blocks_every_kind_of_buffer, size, transport=transport,
+                                              timeout=60)):
+        assert all(checks), (rank, checks)
+
+
+def _second_all_to_all_alone(comm) -> str | None:
+    """Both ranks make call #0; only rank 0 makes call #1 with the same signature (planned)."""
+    comm.all_to_all(np.ones(4))
+    if comm.rank == 1:
+        time.sleep(1.5)
+        return None
+    with pytest.raises(colls.CollectiveTimeout) as info:
+        comm.all_to_all(np.ones(4), timeout=0.5)
+    return str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_a_planned_all_to_all_names_itself_in_a_timeout(transport):
+    message = colls.spawn(_second_all_to_all_alone, 2, transport=transport, timeout=10.0)[0]
+    assert "all_to_all #1 (pairwise, 4 x float64)" in message and "rank 0" in message, message
+
+
+def _later_calls_take_the_plan(comm) -> list[int]:
+    """After one call each, the plans' algorithms are swapped for recording ones: later calls of
+    the same signature must run them (and still be right)."""
+    from dataclasses import replace
+
+    ran = []
+    x = np.arange(4 * comm.size, dtype=np.float32) + comm.rank
+    for collective in ("all_gather", "all_to_all"):
+        getattr(comm, collective)(x)
+        plan = comm._check.block_plans[(collective, x.dtype, x.shape)]
+        run = plan.algorithm.run
+
+        def recording(*args, run=run, collective=collective):
+            ran.append(collective)
+            return run(*args)
+
+        plan.algorithm = replace(plan.algorithm, run=recording)
+    want = np.concatenate([np.arange(4 * comm.size, dtype=np.float32) + r for r in range(comm.size)])
+    assert np.array_equal(comm.all_gather(x), want)
+    assert np.array_equal(comm.all_to_all(x), want.reshape(comm.size, -1)[:, 4 * comm.rank:4 * comm.rank + 4]
+                          .reshape(-1))
+    comm.all_gather(x, algorithm="ring")   # a forced algorithm takes the full path
+    return ran
+
+
+def test_later_calls_of_a_signature_run_the_planned_algorithm():
+    assert colls.spawn(_later_calls_take_the_plan, 2, transport="shm", timeout=30) == [
+        ["all_gather", "all_to_all"]] * 2
