@@ -122,12 +122,9 @@ class Collectives:
                    async_op: bool = False, timeout: float | None = None) -> Result:
         """Concatenate every rank's `x` along axis 0, in rank order, on every rank."""
         check = self._check
-        if algorithm is None and not async_op and type(x) is np.ndarray:
-            plan = check.block_plans.get(("all_gather", x.dtype, x.shape))   # seen before: see `Plan`
-            if plan is not None:
-                planned = self._run_planned_blocks(plan, x, out, timeout)
-                if planned is not None:
-                    return planned
+        planned = self._run_planned_blocks("all_gather", x, out, algorithm, async_op, timeout)
+        if planned is not None:   # a signature seen before: see `Plan`
+            return planned
         x = check.rows("all_gather", check.array("all_gather", x))
         algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
@@ -171,12 +168,9 @@ class Collectives:
                    async_op: bool = False, timeout: float | None = None) -> Result:
         """Send block i of axis 0 to rank i; block j of the result came from rank j."""
         check = self._check
-        if algorithm is None and not async_op and type(x) is np.ndarray:
-            plan = check.block_plans.get(("all_to_all", x.dtype, x.shape))   # seen before: see `Plan`
-            if plan is not None:
-                planned = self._run_planned_blocks(plan, x, out, timeout)
-                if planned is not None:
-                    return planned
+        planned = self._run_planned_blocks("all_to_all", x, out, algorithm, async_op, timeout)
+        if planned is not None:   # a signature seen before: see `Plan`
+            return planned
         x = check.rows("all_to_all", check.array("all_to_all", x))
         check.divisible("all_to_all", x)
         algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)

@@ -120,11 +120,15 @@ class Communicator(Collectives):
         channel.traffic = traffic
         return channel
 
-    def _run_planned_blocks(self, plan: Plan, x: np.ndarray, out: object,
-                            timeout: float | None) -> np.ndarray | None:
-        """A blocking all_gather or all_to_all whose checks `plan` made once; None: this call takes
-        the full path (a strided buffer, another kind of `out`, work queued, tracing, closed)."""
-        if (not x.flags.c_contiguous or self._executor.pending or self._tracer.active
+    def _run_planned_blocks(self, collective: str, x: object, out: object, algorithm: str | None,
+                            async_op: bool, timeout: float | None) -> np.ndarray | None:
+        """A blocking all_gather or all_to_all whose signature (dtype, shape) a call before it
+        planned, run on that plan; None: this call takes the full path (no plan, `algorithm=` or
+        `async_op`, a strided buffer, another kind of `out`, work queued, tracing, closed)."""
+        if algorithm is not None or async_op or type(x) is not np.ndarray:
+            return None
+        plan = self._check.block_plans.get((collective, x.dtype, x.shape))
+        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
                 or self.closed):
             return None
         if out is None:

@@ -63,22 +63,24 @@ def test_a_user_op_is_not_planned():
     assert colls.spawn(body, 2, transport="local") == [0, 0]
 
 
-def _second_call_alone(comm) -> str | None:
+def _second_call_alone(comm, collective: str) -> str | None:
     """Both ranks make call #0; only rank 0 makes call #1, the same signature, so it runs planned."""
-    comm.all_reduce(np.ones(4), op="sum")
+    getattr(comm, collective)(np.ones(4))
     if comm.rank == 1:
         time.sleep(1.5)
         return None
     with pytest.raises(colls.CollectiveTimeout) as info:
-        comm.all_reduce(np.ones(4), op="sum", timeout=0.5)
+        getattr(comm, collective)(np.ones(4), timeout=0.5)
     return str(info.value)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
-def test_a_planned_call_names_itself_in_a_timeout(transport):
-    message = colls.spawn(_second_call_alone, 2, transport=transport, timeout=10.0)[0]
-    assert "all_reduce #1 (recursive_doubling, 4 x float64, SUM)" in message and "rank 0" in message, message
+@pytest.mark.parametrize("collective,label", [("all_reduce", "(recursive_doubling, 4 x float64, SUM)"),
+                                              ("all_to_all", "(pairwise, 4 x float64)")])
+def test_a_planned_call_names_itself_in_a_timeout(transport, collective, label):
+    message = colls.spawn(_second_call_alone, 2, transport=transport, args=(collective,), timeout=10.0)[0]
+    assert f"{collective} #1 {label}" in message and "rank 0" in message, message
 
 
 def test_a_bad_op_is_still_named_once_a_signature_is_planned():
@@ -161,24 +163,6 @@ def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_
     for rank, checks in enumerate(colls.spawn(_blocks_every_kind_of_buffer, size, transport=transport,
                                               timeout=60)):
         assert all(checks), (rank, checks)
-
-
-def _second_all_to_all_alone(comm) -> str | None:
-    """Both ranks make call #0; only rank 0 makes call #1 with the same signature (planned)."""
-    comm.all_to_all(np.ones(4))
-    if comm.rank == 1:
-        time.sleep(1.5)
-        return None
-    with pytest.raises(colls.CollectiveTimeout) as info:
-        comm.all_to_all(np.ones(4), timeout=0.5)
-    return str(info.value)
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("transport", ["local", "shm"])
-def test_a_planned_all_to_all_names_itself_in_a_timeout(transport):
-    message = colls.spawn(_second_all_to_all_alone, 2, transport=transport, timeout=10.0)[0]
-    assert "all_to_all #1 (pairwise, 4 x float64)" in message and "rank 0" in message, message
 
 
 def _later_calls_take_the_plan(comm) -> list[int]:
