@@ -89,7 +89,7 @@ class Communicator(Collectives):
         op, algorithm = plan.op, plan.algorithm
         channel = self._aim_plan(plan, timeout)
         exchanges = plan.exchanges
-        with self._executor._running:
+        with self._executor.lock:
             try:
                 if exchanges is None:
                     algorithm.run(channel, flat, op)
@@ -140,7 +140,7 @@ class Communicator(Collectives):
         else:
             return None
         channel = self._aim_plan(plan, timeout)
-        with self._executor._running:
+        with self._executor.lock:
             try:
                 plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
             except BaseException as error:
@@ -152,7 +152,8 @@ class Communicator(Collectives):
                          out_shape: tuple[int, ...]) -> None:
         """After the full checks of an all_gather or all_to_all: plan its signature's later calls,
         unless the algorithm was forced or is the hierarchical one (which builds its levels)."""
-        if forced is None and algorithm.name != "hierarchical":
+        if (forced is None and algorithm.name != "hierarchical"
+                and (collective, x.dtype, x.shape) not in self._check.block_plans):
             self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
                                              out_shape=out_shape))
 

@@ -80,6 +80,7 @@ class Executor:
     def __init__(self, name: str) -> None:
         self.name = name
         self._running = threading.Lock()   # held while a job runs, inline or on the worker
+        self.lock = self._running          # the same, for callers that take it without a call (hot paths)
         self._cond = threading.Condition()
         self._queue: deque[tuple[Callable[[], Any], Work]] = deque()
         self.pending = 0   # jobs queued or running on the worker; none: a blocking call runs in line
