@@ -11,6 +11,7 @@ MPICH's Hydra is in docs/reliability.md.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import re
@@ -38,6 +39,19 @@ ABORT_NOTICE_BYTES = 512   # an abort notice: the reason, UTF-8, zero-padded
 LOSS_TAG = 1               # on the abort context: "rank N has died", from the first rank to see it
 POLL_SECONDS = 0.1         # how often a long wait checks for abort notices and dead local peers
 _finalize_barrier_off = False
+# transports not closed yet: at exit each is closed before MPI finalizes (mpi4py finalizes after
+# every atexit callback), or the notice receives it keeps posted stay open into MPI_Finalize, where
+# UCX prints a warning per receive (a sub-group the program never closed, as torch users never
+# destroy theirs)
+_open: dict[int, MpiTransport] = {}
+
+
+def _close_open_transports() -> None:
+    for transport in list(_open.values()):
+        transport.close()
+
+
+atexit.register(_close_open_transports)
 
 
 def import_mpi():
@@ -159,6 +173,7 @@ class MpiTransport(Transport):
         # first to see a death names it to the others (as shm does in its headers)
         self.loss_notice = np.zeros(2, np.int64)   # [dead rank, rank that saw it]
         self.loss_request = self.abort_comm.Irecv([self.loss_notice, MPI.BYTE], MPI.ANY_SOURCE, LOSS_TAG)
+        _open[id(self)] = self
         self.lost: tuple[int, int] | None = None   # (dead rank, who saw it), once known
         self.rank = base.Get_rank()
         self.size = base.Get_size()
@@ -353,6 +368,7 @@ class MpiTransport(Transport):
         if self.closed:
             return
         self.closed = True
+        _open.pop(id(self), None)
         if not self.MPI.Is_finalized():
             for request in (self.abort_request, self.loss_request):
                 if request is not None:
