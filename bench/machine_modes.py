@@ -1,0 +1,162 @@
+"""colls beside MPI, sorted by how fast the machine's two cores reach each other's caches at the time.
+
+Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/machine_modes.py [--seconds 60]
+     [--case all_to_all:1M --case all_gather:1M --case all_reduce:8]
+
+Why: on a virtual machine the hypervisor moves the guest's CPUs between host cores. How long one
+core takes to see a line the other wrote then changes, by 2x and more, and stays so for seconds to
+minutes (measured 2026-12-04 on this 2-CPU VM: a cache-line round trip of ~260 ns for minutes, then
+~650 ns, now and then ~750-1000 ns). Every copy between the ranks pays for it, and not every
+implementation alike: a benchmark run is a mixture of modes in unknown shares, and two runs a minute
+apart disagree. This script samples the mode around every measurement and reports each mode apart.
+
+Each sample: ranks 0 and 1 bounce a cache line `ROUND_TRIPS` times (a shared 4 KiB page; rank 0
+times it), then every case runs 10 calls of colls and 10 of MPI's native collective on the same
+buffers (each after a barrier, the slower rank's time), then the line is bounced again. A sample whose
+two round trips differ by more than 15% straddled a change of mode and is left out. Per mode: the
+median over samples of each side's median call, and colls' speed relative to MPI (MPI time / colls
+time: above 1, colls is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import colls
+
+ROUND_TRIPS = 2000
+MODES = ((0, 450), (450, 700), (700, 10**6))   # round-trip bands in ns (fast, slow, slower)
+UNITS = {"K": 1 << 10, "M": 1 << 20}
+
+
+def size_of(text: str) -> int:
+    """'8', '64K', '1M' -> bytes."""
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def shared_line(world) -> tuple[np.ndarray, mmap.mmap]:
+    """A page both ranks map (a /dev/shm file rank 0 makes, removed once both have it open)."""
+    path = f"/dev/shm/colls-modes-{world.bcast(os.getpid(), root=0)}"
+    if world.rank == 0:
+        with open(path, "wb") as handle:
+            handle.write(bytes(4096))
+    world.Barrier()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        page = mmap.mmap(fd, 4096)
+    finally:
+        os.close(fd)
+    world.Barrier()
+    if world.rank == 0:
+        os.unlink(path)
+    return np.frombuffer(page, np.int64), page
+
+
+class Line:
+    """Ranks 0 and 1 take turns writing a counter into one cache line each: a round trip each."""
+
+    def __init__(self, world) -> None:
+        self.world = world
+        self.words, self.page = shared_line(world)
+        self.count = 0
+
+    def round_trip_ns(self) -> float:
+        """Nanoseconds per round trip (rank 0's; 0 elsewhere), after a barrier."""
+        words, world = self.words, self.world
+        world.Barrier()
+        first, self.count = self.count + 1, self.count + ROUND_TRIPS
+        if world.rank == 0:
+            start = time.perf_counter()
+            for i in range(first, first + ROUND_TRIPS):
+                words[0] = i
+                while words[8] != i:
+                    pass
+            return (time.perf_counter() - start) / ROUND_TRIPS * 1e9
+        if world.rank == 1:
+            for i in range(first, first + ROUND_TRIPS):
+                while words[0] != i:
+                    pass
+                words[8] = i
+        return 0.0
+
+
+def calls(comm, world, collective: str, nbytes: int) -> tuple:
+    """(colls call, MPI call) for `collective` of `nbytes` (the output's size for all_gather)."""
+    size = world.Get_size()
+    if collective == "all_reduce":
+        x, out = np.zeros(max(1, nbytes // 4), np.float32), np.zeros(max(1, nbytes // 4), np.float32)
+        return (lambda: comm.all_reduce(x, out=out)), (lambda: world.Allreduce(x, out))
+    if collective == "all_to_all":
+        x, out = np.ones(nbytes // 4, np.float32), np.zeros(nbytes // 4, np.float32)
+        return (lambda: comm.all_to_all(x, out=out)), (lambda: world.Alltoall(x, out))
+    if collective == "all_gather":
+        x, out = np.ones(nbytes // 4 // size, np.float32), np.zeros(nbytes // 4, np.float32)
+        return (lambda: comm.all_gather(x, out=out)), (lambda: world.Allgather(x, out))
+    if collective == "broadcast":
+        x = np.ones(nbytes // 4, np.float32)
+        return (lambda: comm.broadcast(x, root=0, out=x)), (lambda: world.Bcast(x, root=0))
+    raise SystemExit(f"machine_modes: no case for {collective}")
+
+
+def timed(world, call, count: int = 10) -> float:
+    """Median seconds of `count` calls, each after a barrier, the slower rank's."""
+    times = np.empty(count)
+    for i in range(count):
+        world.Barrier()
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--case", action="append", help="collective:size, e.g. all_to_all:1M (repeatable)")
+    args = parser.parse_args()
+    cases = [case.split(":") for case in (args.case or ["all_to_all:1M", "all_gather:1M", "all_reduce:8"])]
+    world = MPI.COMM_WORLD
+    comm = colls.init()
+    line = Line(world)
+    prepared = [(name, size_of(size), *calls(comm, world, name, size_of(size))) for name, size in cases]
+    for *_, ours, theirs in prepared:   # first calls: plans made, pages touched
+        ours()
+        theirs()
+    samples = []
+    end = time.monotonic() + args.seconds
+    while not world.bcast(time.monotonic() > end, root=0):
+        before = line.round_trip_ns()
+        row = [t for *_, ours, theirs in prepared for t in (timed(world, ours), timed(world, theirs))]
+        samples.append((before, line.round_trip_ns(), *row))
+    comm.close()
+    if world.rank != 0:
+        return
+    table = np.array(samples)
+    steady = table[np.abs(table[:, 0] - table[:, 1]) <= 0.15 * table[:, 0]]
+    print(f"`COLLS_TRANSPORT={comm.transport.name} mpiexec -n {world.Get_size()} python "
+          f"bench/machine_modes.py --seconds {args.seconds:g}`: {len(table)} samples, {len(steady)} in one "
+          f"mode throughout\n")
+    heads = [f"{name} {size} B: colls / MPI" for name, size, *_ in prepared]
+    print("| round trip | samples | " + " | ".join(heads) + " |")
+    print("| --- | ---: |" + " --- |" * len(prepared))
+    for low, high in MODES:
+        band = steady[(steady[:, 0] >= low) & (steady[:, 0] < high)]
+        if not len(band):
+            continue
+        cells = []
+        for k in range(len(prepared)):
+            ours, theirs = np.median(band[:, 2 + 2 * k]), np.median(band[:, 3 + 2 * k])
+            cells.append(f"{ours * 1e6:.1f} / {theirs * 1e6:.1f} us ({theirs / ours:.2f}x)")
+        label = f"{low}-{high} ns" if high < 10**6 else f">= {low} ns"
+        print(f"| {label} (median {np.median(band[:, 0]):.0f}) | {len(band)} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
