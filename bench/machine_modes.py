@@ -10,10 +10,11 @@ minutes (measured 2026-12-04 on this 2-CPU VM: a cache-line round trip of ~260 n
 implementation alike: a benchmark run is a mixture of modes in unknown shares, and two runs a minute
 apart disagree. This script samples the mode around every measurement and reports each mode apart.
 
-Each sample: ranks 0 and 1 bounce a cache line `ROUND_TRIPS` times (a shared 4 KiB page; rank 0
-times it), then every case runs 10 calls of colls and 10 of MPI's native collective on the same
-buffers (each after a barrier, the slower rank's time), then the line is bounced again. A sample whose
-two round trips differ by more than 15% straddled a change of mode and is left out. Per mode: the
+Each sample: ranks 0 and 1 bounce a cache line 2000 times (`colls.bench.machine.CoreLink`, the
+round trip `colls bench` records around each point; rank 0 times it), then every case runs 10
+calls of colls and 10 of MPI's native collective on the same buffers (each after a barrier, the
+slower rank's time), then the line is bounced again. A sample whose two round trips differ by
+more than 15% straddled a change of mode and is left out. Per mode: the
 median over samples of each side's median call, and colls' speed relative to MPI (MPI time / colls
 time: above 1, colls is faster).
 """
@@ -21,16 +22,14 @@ time: above 1, colls is faster).
 from __future__ import annotations
 
 import argparse
-import mmap
-import os
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 import colls
+from colls.bench.machine import CoreLink
 
-ROUND_TRIPS = 2000
 MODES = ((0, 450), (450, 700), (700, 10**6))   # round-trip bands in ns (fast, slow, slower)
 UNITS = {"K": 1 << 10, "M": 1 << 20}
 
@@ -38,52 +37,6 @@ UNITS = {"K": 1 << 10, "M": 1 << 20}
 def size_of(text: str) -> int:
     """'8', '64K', '1M' -> bytes."""
     return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
-
-
-def shared_line(world) -> tuple[np.ndarray, mmap.mmap]:
-    """A page both ranks map (a /dev/shm file rank 0 makes, removed once both have it open)."""
-    path = f"/dev/shm/colls-modes-{world.bcast(os.getpid(), root=0)}"
-    if world.rank == 0:
-        with open(path, "wb") as handle:
-            handle.write(bytes(4096))
-    world.Barrier()
-    fd = os.open(path, os.O_RDWR)
-    try:
-        page = mmap.mmap(fd, 4096)
-    finally:
-        os.close(fd)
-    world.Barrier()
-    if world.rank == 0:
-        os.unlink(path)
-    return np.frombuffer(page, np.int64), page
-
-
-class Line:
-    """Ranks 0 and 1 take turns writing a counter into one cache line each: a round trip each."""
-
-    def __init__(self, world) -> None:
-        self.world = world
-        self.words, self.page = shared_line(world)
-        self.count = 0
-
-    def round_trip_ns(self) -> float:
-        """Nanoseconds per round trip (rank 0's; 0 elsewhere), after a barrier."""
-        words, world = self.words, self.world
-        world.Barrier()
-        first, self.count = self.count + 1, self.count + ROUND_TRIPS
-        if world.rank == 0:
-            start = time.perf_counter()
-            for i in range(first, first + ROUND_TRIPS):
-                words[0] = i
-                while words[8] != i:
-                    pass
-            return (time.perf_counter() - start) / ROUND_TRIPS * 1e9
-        if world.rank == 1:
-            for i in range(first, first + ROUND_TRIPS):
-                while words[0] != i:
-                    pass
-                words[8] = i
-        return 0.0
 
 
 def calls(comm, world, collective: str, nbytes: int) -> tuple:
@@ -124,7 +77,10 @@ def main() -> None:
     cases = [case.split(":") for case in (args.case or ["all_to_all:1M", "all_gather:1M", "all_reduce:8"])]
     world = MPI.COMM_WORLD
     comm = colls.init()
-    line = Line(world)
+    line = CoreLink.open(world.rank, world.Get_size(), lambda value: world.bcast(value, root=0),
+                         world.Barrier)
+    if line is None:
+        raise SystemExit("machine_modes: needs 2 ranks and a CPU for each")
     prepared = [(name, size_of(size), *calls(comm, world, name, size_of(size))) for name, size in cases]
     for *_, ours, theirs in prepared:   # first calls: plans made, pages touched
         ours()
@@ -135,6 +91,7 @@ def main() -> None:
         before = line.round_trip_ns()
         row = [t for *_, ours, theirs in prepared for t in (timed(world, ours), timed(world, theirs))]
         samples.append((before, line.round_trip_ns(), *row))
+    line.close()
     comm.close()
     if world.rank != 0:
         return

@@ -33,6 +33,7 @@ from algorithms.cost import Machine
 from algorithms.ops import SUM
 from transports.base import Backoff
 
+from .bench.machine import CoreLink
 from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_tuned
@@ -329,8 +330,13 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     """`profile`'s measurements between ranks 0 and 1, each pinned to a core of its own (put back
     before the wake-ups, which share one): (message_s, the exchange tables, message_written_s, the
     scalar terms)."""
+    def share(value: int) -> int:
+        return int(pair.broadcast(np.array([value]), root=0)[0])
+
+    link = CoreLink.open(pair.rank, pair.size, share, pair.barrier)   # before pinning: a core per rank
     before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
     try:
+        mode_before = link.round_trip_ns() if link is not None else float("nan")   # the VM's mode
         cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
@@ -360,12 +366,16 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
+        mode_after = link.round_trip_ns() if link is not None else float("nan")
     finally:
+        if link is not None:
+            link.close()
         os.sched_setaffinity(0, before)
     # the wake-ups put both ranks on one core themselves (from every core allowed)
     extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
-             "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin)}
+             "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
+             "round_trip_before_ns": mode_before, "round_trip_after_ns": mode_after}
     return message, exchanges, written, extra
 
 
@@ -401,7 +411,7 @@ def profile(comm: Communicator) -> dict:
                 fence.close()
             pair.close()
     names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
-             "one_slot_wake_s")
+             "one_slot_wake_s", "round_trip_before_ns", "round_trip_after_ns")
     shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
@@ -417,7 +427,12 @@ def profile(comm: Communicator) -> dict:
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written,
-            **{name: float(value) for name, value in zip(names, shared, strict=True)},
+            **{name: float(value) for name, value in zip(names, shared, strict=True)
+               if not name.startswith("round_trip")},
+            # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after
+            "round_trip_ns": [round(float(value), 1) if value == value else None   # NaN: not measured
+                              for name, value in zip(names, shared, strict=True)
+                              if name.startswith("round_trip")],
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],
             "copy_call_s": work_call["copy"]}

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from colls.plan.calibrate import Profile, SharedMemory, load_profiles, measured_medians, predict
+from colls.plan.calibrate import Profile, SharedMemory, in_mode, load_profiles, measured_medians, predict
 from colls.plan.simulate import run_world
 from transports.sim import IdealNetwork, TimeSharing
 
@@ -210,6 +210,39 @@ def test_bench_runs_combine_by_median_or_fastest(tmp_path):
     assert measured_medians(runs, "fastest")[key] == pytest.approx(1e-4)
 
 
+def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):
+    assert in_mode({}, None) and in_mode({"round_trip_ns": [700.0, 300.0]}, None)
+    assert in_mode({"round_trip_ns": [260.0, 310.0]}, (0, 450))
+    assert not in_mode({"round_trip_ns": [260.0, 650.0]}, (0, 450))   # the mode changed midway
+    assert not in_mode({}, (0, 450)) and not in_mode({"round_trip_ns": [None, None]}, (0, 450))
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 2,
+              "bytes": MIB}
+    runs = []
+    for i, (seconds, trips) in enumerate(((1e-4, [300, 310]), (5e-4, [650, 640]), (2e-4, [280, 290]),
+                                          (9e-4, None))):
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds, round_trip_ns=trips)]}))
+        runs.append(str(path))
+    key = ("broadcast", "binomial", 2, MIB)
+    assert measured_medians(runs, "median", (0, 450))[key] == pytest.approx(1.5e-4)
+    assert measured_medians(runs, "median", (450, 2000))[key] == pytest.approx(5e-4)
+    assert measured_medians(runs, "median")[key] == pytest.approx(3.5e-4)   # no window: all four
+
+    def write(name: str, eight_bytes: float, trips: list | None) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"ranks": 2, "cores": 2, "start_s": 1e-6, "call_s": {"broadcast": 5e-6},
+                                    "message_s": {"8": eight_bytes, "65536": 1e-5},
+                                    "reduce_s_per_byte": {"1024": 1e-10}, "copy_s_per_byte": {"1024": 1e-10},
+                                    "round_trip_ns": trips}))
+        return str(path)
+
+    files = [write("a.json", 5e-6, [300, 320]), write("b.json", 9e-6, [640, 660]),
+             write("c.json", 7e-6, None)]
+    assert load_profiles(files, "median", (0, 450))[2].message[0] == (8, pytest.approx(5e-6))
+    assert load_profiles(files, "median", (450, 2000))[2].message[0] == (8, pytest.approx(9e-6))
+    assert load_profiles(files, "median", (1000, 2000)) == {}
+
+
 @pytest.mark.timeout(60)
 def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
     machine = profile()
@@ -225,6 +258,16 @@ def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "| broadcast | 2 | 1 MiB | binomial | 100.0 us | 122.9 us | +22.9% |" in result.stdout
     assert "2 ranks: geometric-mean error 22.9%, largest 22.9%" in result.stdout
+    # a mode window: these files carry no round trips, so nothing is left to compare
+    windowed = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
+                               "--bench", *_bench_files(tmp_path), "--round-trip", "0-450"],
+                              capture_output=True, text=True, timeout=50)
+    assert windowed.returncode == 0, windowed.stderr
+    assert "round trip of 0-450 ns: profiles at no rank count, 0 bench points" in windowed.stdout
+    bad = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
+                          "--bench", *_bench_files(tmp_path), "--round-trip", "fast"],
+                         capture_output=True, text=True, timeout=50)
+    assert bad.returncode != 0 and "--round-trip takes LO-HI in ns, got 'fast'" in bad.stderr
 
 
 def test_scratch_buffers_pay_their_first_touch():
@@ -579,6 +622,8 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     machine = Profile.load([str(path)])
     assert machine.exchange_seconds(8) == pytest.approx(measured["exchange_s"]["8"])
     assert machine.one_slot_spin == pytest.approx(measured["one_slot_spin_s"])
+    # the machine's mode while ranks 0 and 1 measured: a cache line's round trip before and after
+    assert len(measured["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in measured["round_trip_ns"])
 
 
 def test_each_numpy_call_pays_its_own_cost_once_and_the_tables_per_byte_exclude_it():

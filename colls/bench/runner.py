@@ -20,6 +20,7 @@ import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
 from .cases import Case, colls_call, make_case
+from .machine import CoreLink
 from .memcheck import run_memcheck
 from .report import Table
 from .spec import Spec, bus_factor
@@ -169,7 +170,7 @@ def start_baselines(world, spec: Spec) -> tuple[list, dict[str, str]]:
 
 
 def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
-              rooflines: dict[int, dict]) -> dict:
+              rooflines: dict[int, dict], link: CoreLink | None = None) -> dict:
     """colls, each baseline and (once per size) memcpy on the same buffers: one record."""
     factor = bus_factor(case.collective, case.ranks)
     contenders = [Contender("colls", colls.prepare(case), case)]
@@ -187,7 +188,9 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
         measure(world, [roof], spec)
         rooflines[case.nbytes] = roof.figures(world, case.nbytes, 1.0)
         rooflines[case.nbytes].pop("wrong")
+    before = link.round_trip_ns() if link is not None else None
     measure(world, contenders, spec)
+    after = link.round_trip_ns() if link is not None else None
     figures = {c.name: c.figures(world, case.nbytes, factor) for c in contenders}
     mine = figures.pop("colls")
     for theirs in figures.values():   # colls busbw / baseline busbw = their time / ours
@@ -195,13 +198,16 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
     return {"collective": case.collective, "implementation": "colls", "transport": spec.transport,
             "algorithm": colls.algorithm_for(case), "ranks": case.ranks, "dtype": spec.dtype, "op": spec.op,
             "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
-            "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes]}
+            "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes],
+            # the machine's mode around the point (rank 0's; `colls.bench.machine`), when measurable
+            **({"round_trip_ns": [round(before, 1), round(after, 1)]} if link is not None else {})}
 
 
 def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit) -> None:
     """The benchmark proper: every collective at every size, rows printed by rank 0 as they finish."""
     rank, ranks = world.Get_rank(), world.Get_size()
     rooflines: dict[int, dict] = {}
+    link = CoreLink.open(rank, ranks, lambda value: world.bcast(value, root=0), world.Barrier)
     for collective in spec.collectives:
         if table is not None:
             table.start(collective)
@@ -211,11 +217,13 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
             if case.nbytes in done:   # small sizes that round to the same buffer
                 continue
             done.add(case.nbytes)
-            record = run_point(world, colls, baselines, case, spec, rooflines)
+            record = run_point(world, colls, baselines, case, spec, rooflines, link)
             del case   # free this size's buffers before the next size allocates
             if table is not None:
                 table.row(record)
             emit(record)
+    if link is not None:
+        link.close()
 
 
 def versions(MPI, baselines: list) -> dict:

@@ -415,31 +415,47 @@ def placements(ranks: int, cores: int) -> list[tuple[int, ...]]:
     return found
 
 
-def load_profiles(paths: list[str], runs: str = "median") -> dict[int, Profile]:
-    """Profiles by rank count; several files of one rank count combine as `runs` says."""
+def in_mode(entry: dict, window: tuple[float, float] | None) -> bool:
+    """Whether a profile or a bench record was measured in the machine mode `window` (lo, hi): the
+    cache-line round trips taken before and after it (`round_trip_ns`, `colls.bench.machine`) all
+    lie in [lo, hi). No window: everything; a window: nothing that has no round trips."""
+    if window is None:
+        return True
+    trips = [trip for trip in entry.get("round_trip_ns") or [] if trip is not None]
+    return bool(trips) and all(window[0] <= trip < window[1] for trip in trips)
+
+
+def load_profiles(paths: list[str], runs: str = "median",
+                  window: tuple[float, float] | None = None) -> dict[int, Profile]:
+    """Profiles by rank count (those measured in the mode `window`, see `in_mode`); several files
+    of one rank count combine as `runs` says."""
     by_ranks: dict[int, list[str]] = {}
     for path in paths:
-        by_ranks.setdefault(int(json.loads(open(path).read())["ranks"]), []).append(path)
+        entry = json.loads(open(path).read())
+        if in_mode(entry, window):
+            by_ranks.setdefault(int(entry["ranks"]), []).append(path)
     return {ranks: Profile.load(files, runs) for ranks, files in by_ranks.items()}
 
 
-def measured_medians(bench_paths: list[str], runs: str = "median") -> dict[tuple, float]:
-    """(collective, algorithm, ranks, bytes) -> the median (or fastest) of several bench runs' medians."""
+def measured_medians(bench_paths: list[str], runs: str = "median",
+                     window: tuple[float, float] | None = None) -> dict[tuple, float]:
+    """(collective, algorithm, ranks, bytes) -> the median (or fastest) of several bench runs' medians
+    (of the points measured in the mode `window`, see `in_mode`)."""
     found: dict[tuple, list[float]] = {}
     for path in bench_paths:
         for record in json.loads(open(path).read())["records"]:
-            if record.get("implementation") == "colls":
+            if record.get("implementation") == "colls" and in_mode(record, window):
                 key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"])
                 found.setdefault(key, []).append(record["time_median_s"])
     return {key: COMBINE[runs](times) for key, times in found.items()}
 
 
 def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
-            runs: str = "median") -> list[Point]:
-    """Every colls row of the bench files (medians across files) whose rank count has a profile,
-    beside the prediction."""
+            runs: str = "median", window: tuple[float, float] | None = None) -> list[Point]:
+    """Every colls row of the bench files (medians across files; those measured in the mode
+    `window`) whose rank count has a profile, beside the prediction."""
     points = []
-    medians = measured_medians(bench_paths, runs)
+    medians = measured_medians(bench_paths, runs, window)
     for (collective, algorithm, ranks, nbytes), measured in sorted(medians.items(), key=_table_order):
         if ranks in profiles:
             predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores)

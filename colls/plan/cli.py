@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     calibrate.add_argument("--cores", type=int, default=None, help="CPUs (default: the profile's)")
     calibrate.add_argument("--runs", choices=("median", "fastest"), default="median",
                            help="how several runs of one point (bench or profile) combine")
+    calibrate.add_argument("--round-trip", default=None, metavar="LO-HI",
+                           help="only profiles and bench points measured in one mode of the machine: "
+                                "ranks 0 and 1's cache-line round trip before and after them within "
+                                "[LO, HI) ns (recorded by colls bench and colls tune --profile)")
     for mode in (collective, train, scale):
         mode.add_argument("--nodes", default="16" if mode is not train else "128",
                           help="nodes (scale: a comma-separated list)")
@@ -91,8 +95,20 @@ def plan_command(args: argparse.Namespace) -> int:
 def calibrate_table(args: argparse.Namespace) -> int:
     from .calibrate import compare, load_profiles, summary, table
 
-    profiles = load_profiles(args.profile, args.runs)
-    points = compare(args.bench, profiles, args.cores, args.runs)
+    window = None
+    if args.round_trip is not None:
+        try:
+            low, high = (float(bound) for bound in args.round_trip.split("-"))
+        except ValueError:
+            raise SystemExit("colls plan calibrate: --round-trip takes LO-HI in ns, "
+                             f"got {args.round_trip!r}") from None
+        window = (low, high)
+    profiles = load_profiles(args.profile, args.runs, window)
+    points = compare(args.bench, profiles, args.cores, args.runs, window)
+    if window is not None:
+        print(f"# measured with a round trip of {window[0]:g}-{window[1]:g} ns: profiles at "
+              + (", ".join(f"{ranks} ranks" for ranks in sorted(profiles)) or "no rank count")
+              + f", {len(points)} bench points")
     for ranks, profile in sorted(profiles.items()):
         alpha, beta = profile.message_cost(1 << 20)
         print(f"# {ranks} ranks on {args.cores or profile.cores} cores: 8 B message "

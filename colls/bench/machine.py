@@ -1,0 +1,88 @@
+"""How fast ranks 0 and 1 reach each other's cache lines right now: the machine's mode.
+
+On a virtual machine the host moves the guest's CPUs about: on this project's 2-CPU VM a cache
+line's round trip between two pinned processes takes ~260-300 ns for minutes (the CPUs behave like
+two threads of one host core), then ~630-790 ns for minutes (two cores apart), and every copy
+between ranks changes speed with it (bench/RESULTS.md). `colls bench` records the round trip
+before and after each point and `colls tune --profile` before and after its messages, so that
+`colls plan calibrate --round-trip LO-HI` can compare measurements made in one mode.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+ROUND_TRIPS = 2000   # ~0.5-1.6 ms a measurement on the reference machine
+
+
+class CoreLink:
+    """A page mapped by ranks 0 and 1, where they take turns writing a counter: each turn is a
+    cache line handed from one CPU to the other and back."""
+
+    def __init__(self, rank: int, words: np.ndarray, page: mmap.mmap, barrier: Callable[[], None]) -> None:
+        self.rank = rank
+        self.words = words
+        self.page = page
+        self.barrier = barrier
+        self.count = 0
+
+    @classmethod
+    def open(cls, rank: int, size: int, share: Callable[[int], int],
+             barrier: Callable[[], None]) -> CoreLink | None:
+        """Collective over the group whose `share` (rank 0's int to all) and `barrier` are given.
+        None with fewer than 2 ranks, or more ranks than this process may run on (two ranks on one
+        core would hand the line over only when the scheduler switches them)."""
+        if size < 2 or size > len(os.sched_getaffinity(0)):
+            return None
+        path = f"/dev/shm/colls-line-{share(os.getpid())}"
+        if rank == 0:
+            with open(path, "wb") as handle:
+                handle.write(bytes(mmap.PAGESIZE))
+        barrier()
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                page = mmap.mmap(fd, mmap.PAGESIZE)
+            finally:
+                os.close(fd)
+        finally:
+            barrier()
+            if rank == 0:
+                os.unlink(path)   # both have it mapped: nothing is left in /dev/shm
+        return cls(rank, np.frombuffer(page, np.int64), page, barrier)
+
+    def round_trip_ns(self) -> float:
+        """Nanoseconds per round trip, rank 0's measurement (0.0 on the other ranks); collective."""
+        words = self.words
+        self.barrier()
+        first = self.count + 1
+        self.count += ROUND_TRIPS
+        deadline = time.monotonic() + 5.0   # a peer that never answers: give up, report nothing
+        polls = 0
+        if self.rank == 0:
+            start = time.perf_counter()
+            for i in range(first, first + ROUND_TRIPS):
+                words[0] = i
+                while words[8] != i:   # the other rank's line, 64 B on
+                    polls += 1
+                    if not polls & 0xFFFF and time.monotonic() > deadline:
+                        return float("nan")
+            return (time.perf_counter() - start) / ROUND_TRIPS * 1e9
+        if self.rank == 1:
+            for i in range(first, first + ROUND_TRIPS):
+                while words[0] != i:
+                    polls += 1
+                    if not polls & 0xFFFF and time.monotonic() > deadline:
+                        return float("nan")
+                words[8] = i
+        return 0.0
+
+    def close(self) -> None:
+        """Unmap the page."""
+        del self.words
+        self.page.close()
