@@ -28,7 +28,9 @@ import numpy as np
 from mpi4py import MPI
 
 import colls
+from colls.bench.baselines import Prepared
 from colls.bench.machine import CoreLink
+from colls.bench.runner import timed
 
 MODES = ((0, 450), (450, 700), (700, 10**6))   # round-trip bands in ns (fast, slow, slower)
 UNITS = {"K": 1 << 10, "M": 1 << 20}
@@ -57,16 +59,9 @@ def calls(comm, world, collective: str, nbytes: int) -> tuple:
     raise SystemExit(f"machine_modes: no case for {collective}")
 
 
-def timed(world, call, count: int = 10) -> float:
-    """Median seconds of `count` calls, each after a barrier, the slower rank's."""
-    times = np.empty(count)
-    for i in range(count):
-        world.Barrier()
-        start = time.perf_counter()
-        call()
-        times[i] = time.perf_counter() - start
-    world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return float(np.median(times))
+def median_call(world, call, count: int = 10) -> float:
+    """Median seconds of `count` calls, each after a barrier, the slower rank's (`colls bench`'s timing)."""
+    return float(np.median(timed(world, Prepared(call, None), count)))
 
 
 def main() -> None:
@@ -89,7 +84,7 @@ def main() -> None:
     end = time.monotonic() + args.seconds
     while not world.bcast(time.monotonic() > end, root=0):
         before = line.round_trip_ns()
-        row = [t for *_, ours, theirs in prepared for t in (timed(world, ours), timed(world, theirs))]
+        row = [median_call(world, call) for *_, ours, theirs in prepared for call in (ours, theirs)]
         samples.append((before, line.round_trip_ns(), *row))
     line.close()
     comm.close()
