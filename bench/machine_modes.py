@@ -85,7 +85,9 @@ def main() -> None:
     while not world.bcast(time.monotonic() > end, root=0):
         before = line.round_trip_ns()
         row = [median_call(world, call) for *_, ours, theirs in prepared for call in (ours, theirs)]
-        samples.append((before, line.round_trip_ns(), *row))
+        after = line.round_trip_ns()
+        if before is not None and after is not None:   # None: the line went unanswered for a second
+            samples.append((before, after, *row))
     line.close()
     comm.close()
     if world.rank != 0:

@@ -336,7 +336,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     link = CoreLink.open(pair.rank, pair.size, share, pair.barrier)   # before pinning: a core per rank
     before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
     try:
-        mode_before = link.round_trip_ns() if link is not None else float("nan")   # the VM's mode
+        mode_before = link.round_trip_ns() if link is not None else None   # the VM's mode
         cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
@@ -366,7 +366,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
-        mode_after = link.round_trip_ns() if link is not None else float("nan")
+        mode_after = link.round_trip_ns() if link is not None else None
     finally:
         if link is not None:
             link.close()
@@ -375,7 +375,8 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
-             "round_trip_before_ns": mode_before, "round_trip_after_ns": mode_after}
+             "round_trip_before_ns": float("nan") if mode_before is None else mode_before,
+             "round_trip_after_ns": float("nan") if mode_after is None else mode_after}
     return message, exchanges, written, extra
 
 

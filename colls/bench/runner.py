@@ -200,7 +200,8 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
             "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
             "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes],
             # the machine's mode around the point (rank 0's; `colls.bench.machine`), when measurable
-            **({"round_trip_ns": [round(before, 1), round(after, 1)]} if link is not None else {})}
+            **({"round_trip_ns": [None if t is None else round(t, 1) for t in (before, after)]}
+               if link is not None else {})}
 
 
 def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit) -> None:
