@@ -41,10 +41,19 @@ class CoreLink:
         core would hand the line over only when the scheduler switches them)."""
         if size < 2 or size > len(os.sched_getaffinity(0)):
             return None
-        path = f"/dev/shm/colls-line-{share(os.getpid())}"
+        made = -1
         if rank == 0:
-            with open(path, "wb") as handle:
-                handle.write(bytes(mmap.PAGESIZE))
+            path = f"/dev/shm/colls-line-{os.getpid()}"
+            try:
+                with open(path, "wb") as handle:
+                    handle.write(bytes(mmap.PAGESIZE))
+                made = os.getpid()
+            except OSError:   # no /dev/shm here: no mode to record
+                pass
+        made = share(made)
+        if made < 0:
+            return None
+        path = f"/dev/shm/colls-line-{made}"
         barrier()
         try:
             fd = os.open(path, os.O_RDWR)
