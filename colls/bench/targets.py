@@ -34,6 +34,13 @@ def _worst(records: list[dict], baseline: str, low: int = 0) -> tuple[float, int
     return min(pairs) if pairs else None
 
 
+def _mode(record: dict | None) -> str:
+    """The machine's mode while `record` was measured, as `colls bench` recorded it (ranks 0 and 1's
+    cache-line round trip before and after, `colls.bench.machine`), or nothing where it did not."""
+    trips = [trip for trip in (record or {}).get("round_trip_ns") or [] if trip is not None]
+    return f" (round trip {min(trips):.0f}-{max(trips):.0f} ns)" if trips else ""
+
+
 def _row(what: str, target: str, measured: str, met: bool | None) -> str:
     verdict = "no data" if met is None else ("met" if met else "not met")
     return f"| {what} | {target} | {measured} | {verdict} |"
@@ -45,7 +52,8 @@ def _at_least(records: list[dict], baseline: str, low: int, bound: float) -> tup
         return "-", None
     failing = [format_bytes(r["bytes"]) for r in records
                if r["bytes"] >= low and (_ratio(r, baseline) or 0) < bound]
-    text = f"worst {worst[0]:.2f}x at {format_bytes(worst[1])}"
+    at = next(r for r in records if r["bytes"] == worst[1])
+    text = f"worst {worst[0]:.2f}x at {format_bytes(worst[1])}{_mode(at)}"
     if failing:
         text += f"; below {bound:.3g}x at {len(failing)} of {sum(r['bytes'] >= low for r in records)} sizes"
     return text, not failing
@@ -89,7 +97,7 @@ def _latency(small: dict | None) -> list[str]:
             rows.append(_row(what, target, "-", None))
         elif name == "mpi":
             rows.append(_row(what, target, f"{ours * 1e6:.1f} us vs {theirs * 1e6:.1f} us: "
-                                           f"{ours / theirs:.1f}x slower", ours <= 2 * theirs))
+                                           f"{ours / theirs:.1f}x slower{_mode(small)}", ours <= 2 * theirs))
         else:
             rows.append(_row(what, target, f"{ours * 1e6:.1f} us vs {theirs * 1e6:.0f} us: "
                                            f"{theirs / ours:.1f}x faster", theirs >= 20 * ours))
