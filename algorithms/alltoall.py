@@ -80,7 +80,7 @@ def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     rank, size = channel.rank, channel.size
     block = send.shape[0] // size
     blocks = send.reshape(size, block)
-    moving = np.empty((size, block), send.dtype)
+    moving = np.empty_like(send, shape=(size, block))   # numpy or cupy, as `send`
     # rotate up by my rank: relative block j is the one for rank r+j
     np.copyto(moving[:size - rank], blocks[rank:])
     np.copyto(moving[size - rank:], blocks[:rank])
@@ -111,7 +111,7 @@ def bruck_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_sta
     largest = np.array([max(send_counts + recv_counts)], np.int64)
     recursive_doubling(channel, largest, MAX)            # the largest block of any pair, everywhere
     block = int(largest[0])
-    padded = np.zeros((size, block), send.dtype)
+    padded = np.zeros_like(send, shape=(size, block))
     for peer in range(size):
         padded[peer, :send_counts[peer]] = send[send_starts[peer]:send_starts[peer] + send_counts[peer]]
     landed = np.empty_like(padded)

@@ -44,7 +44,7 @@ def binomial_gather(channel: Channel, send: np.ndarray, out: np.ndarray | None, 
     if subtree == 1 and relative:
         channel.wait(channel.send(send, (rank - (relative & -relative)) % size))   # a leaf: my block only
         return
-    collected = out if rank == root == 0 else np.empty(subtree * block, send.dtype)
+    collected = out if rank == root == 0 else np.empty_like(send, shape=(subtree * block,))
     np.copyto(collected[:block], send)
     receives, mask = [], 1
     while mask < subtree:
@@ -99,7 +99,7 @@ def binomial_scatter(channel: Channel, send: np.ndarray | None, out: np.ndarray,
             np.copyto(held[:split], send[root * block:])
             np.copyto(held[split:], send[:root * block])
     else:
-        held = out if subtree == 1 else np.empty(subtree * block, out.dtype)
+        held = out if subtree == 1 else np.empty_like(out, shape=(subtree * block,))
         # my subtree's blocks, in one message, from the parent that differs from me in my lowest set bit
         channel.wait(channel.recv(held, (rank - (relative & -relative)) % size))
     sends, mask = [], 1 << (subtree - 1).bit_length()

@@ -115,7 +115,7 @@ class _Average(Op):
             # zero without ever negating (abs(iinfo.min) would overflow)
             round_up = (result < 0) & (result % size != 0)
             np.floor_divide(result, size, out=result)
-            np.add(result, 1, out=result, where=round_up, casting="unsafe")
+            np.add(result, round_up, out=result, casting="unsafe")   # + 1 where True (cupy has no where=)
 
 
 SUM = Op(np.add, True, "SUM", NUMERIC)

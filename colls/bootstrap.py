@@ -9,7 +9,7 @@ from transports.errors import InvalidArgument
 
 from .communicator import Communicator
 
-TRANSPORTS = ("local", "shm", "mpi")
+TRANSPORTS = ("local", "shm", "mpi", "cuda_ipc")
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _world: Communicator | None = None
 
@@ -48,13 +48,23 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     return _world
 
 
+def _process_transport(kind: str):
+    """The class of a transport between processes of one machine: shm, or cuda_ipc (GPU buffers)."""
+    if kind == "cuda_ipc":
+        from transports.cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport
+    from transports.shm import ShmTransport
+
+    return ShmTransport
+
+
 def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Communicator:
-    if kind == "shm":
+    if kind in ("shm", "cuda_ipc"):
         from transports.bootstrap import FileBootstrap
-        from transports.shm import ShmTransport
 
         rendezvous = FileBootstrap(os.environ["COLLS_RENDEZVOUS"], rank, size)
-        return Communicator(ShmTransport(rank, size, rendezvous.all_gather), timeout)
+        return Communicator(_process_transport(kind)(rank, size, rendezvous.all_gather), timeout)
     if kind == "mpi":
         raise InvalidArgument("the mpi transport needs MPI's launcher: mpiexec -n N python script.py")
     raise InvalidArgument("the local transport runs ranks as threads of one process: use "
@@ -67,13 +77,12 @@ def _from_mpiexec(kind: str, timeout: float | None) -> Communicator:
     MPI = import_mpi()
     if kind == "mpi":
         return Communicator(MpiTransport(), timeout)
-    if kind == "shm":
-        from transports.shm import ShmTransport
-
-        world = MPI.COMM_WORLD   # only to swap segment names: MPI's allgather of a few bytes
-        return Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather), timeout)
+    if kind in ("shm", "cuda_ipc"):
+        world = MPI.COMM_WORLD   # only to swap segment names and IPC handles: MPI's allgather
+        return Communicator(_process_transport(kind)(world.Get_rank(), world.Get_size(), world.allgather),
+                            timeout)
     raise InvalidArgument("the local transport runs ranks as threads of one process; under mpiexec "
-                          "use COLLS_TRANSPORT=mpi or shm")
+                          "use COLLS_TRANSPORT=mpi, shm or cuda_ipc")
 
 
 def _singleton(kind: str, timeout: float | None) -> Communicator:
@@ -82,10 +91,8 @@ def _singleton(kind: str, timeout: float | None) -> Communicator:
         from transports.mpi import MpiTransport
 
         return Communicator(MpiTransport(), timeout)
-    if kind == "shm":
-        from transports.shm import ShmTransport
-
-        return Communicator(ShmTransport(0, 1, lambda data: [data]), timeout)
+    if kind in ("shm", "cuda_ipc"):
+        return Communicator(_process_transport(kind)(0, 1, lambda data: [data]), timeout)
     from transports.local import LocalWorld
 
     return Communicator(LocalWorld(1).transport(0), timeout)

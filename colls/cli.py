@@ -13,11 +13,12 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
         "run", help="start N ranks of a Python program on this machine",
         description="Start N ranks of a Python script (or -m module), each told its rank through "
                     "COLLS_* variables; prefix their output with [rank]; if one fails, stop all.",
-        usage="colls run -n N [--transport {shm,mpi}] [--hosts H] [--timeout SECONDS] "
+        usage="colls run -n N [--transport {shm,mpi,cuda_ipc}] [--hosts H] [--timeout SECONDS] "
               "(script.py | -m module) [args ...]")
     parser.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="number of ranks")
-    parser.add_argument("--transport", choices=("shm", "mpi"), default=None,
-                        help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm)")
+    parser.add_argument("--transport", choices=("shm", "mpi", "cuda_ipc"), default=None,
+                        help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm; cuda_ipc: "
+                             "cupy buffers on GPUs, by CUDA IPC)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="kill the whole job after this many seconds and exit 124")
     parser.add_argument("--hosts", type=int, default=None, metavar="H",

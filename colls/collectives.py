@@ -12,6 +12,7 @@ from algorithms import SUM, Op, lookup
 from algorithms.blocks import offsets
 
 from .describe import PLAN_BYTES, Plan
+from .device import module_of
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -50,7 +51,7 @@ class Collectives:
         x = check.array("all_reduce", x)
         signature = (op, x.dtype, x.shape)
         op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
-        result, work = check.result("all_reduce", out, x.shape, x.dtype)
+        result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
         if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
             exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
             check.keep_plan(signature, Plan("all_reduce", op, algo, x.shape, x.dtype, self.name, exchanges))
@@ -83,7 +84,7 @@ class Collectives:
         x = check.array("broadcast", x)
         root = check.root("broadcast", root)
         algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
-        result, work = check.result("broadcast", out, x.shape, x.dtype)
+        result, work = check.result("broadcast", out, x.shape, x.dtype, like=x)
         if self.rank == root and work is not x:
             np.copyto(work, x)
         flat = work.reshape(-1)
@@ -102,8 +103,8 @@ class Collectives:
         x = check.array("reduce", x)
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
-        given = check.output("reduce", out, x.shape, x.dtype) if self.rank == root else None
-        work = np.array(x, copy=True)   # every rank's buffer is scratch for the tree
+        given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
+        work = x.copy()   # every rank's buffer is scratch for the tree
         flat = work.reshape(-1)
 
         def body(channel):
@@ -128,7 +129,7 @@ class Collectives:
         x = check.rows("all_gather", check.array("all_gather", x))
         algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
         shape = (self.size * x.shape[0], *x.shape[1:])
-        result, work = check.result("all_gather", out, shape, x.dtype)
+        result, work = check.result("all_gather", out, shape, x.dtype, like=x)
         self._keep_block_plan("all_gather", x, algorithm, algo, shape)
 
         send = _apart_from(x, work)
@@ -148,13 +149,13 @@ class Collectives:
         rows = check.divisible("reduce_scatter", x)
         op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
         shape = (rows, *x.shape[1:])
-        result, work = check.result("reduce_scatter", out, shape, x.dtype)
+        result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
         # most schedules fold partial sums into their input buffer, so they get a copy; one that
         # only reads it is given `x` itself (unless the output overlaps it)
         if algo.reads_input_only and not np.shares_memory(x, work):
             scratch = x.reshape(-1)
         else:
-            scratch = np.array(x, copy=True).reshape(-1)
+            scratch = x.copy().reshape(-1)
 
         def body(channel):
             flat = work.reshape(-1)
@@ -174,7 +175,7 @@ class Collectives:
         x = check.rows("all_to_all", check.array("all_to_all", x))
         check.divisible("all_to_all", x)
         algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
-        result, work = check.result("all_to_all", out, x.shape, x.dtype)
+        result, work = check.result("all_to_all", out, x.shape, x.dtype, like=x)
         self._keep_block_plan("all_to_all", x, algorithm, algo, x.shape)
         send = _apart_from(x, work)
 
@@ -200,7 +201,7 @@ class Collectives:
             theirs = np.empty(self.size, np.int64)
             lookup("all_to_all", "pairwise").run(channel, mine, theirs)
             recv_counts = theirs.tolist()
-            out = np.empty((sum(recv_counts), *x.shape[1:]), x.dtype)
+            out = module_of(x).empty((sum(recv_counts), *x.shape[1:]), x.dtype)
             recv_elements = [c * row for c in recv_counts]
             algo.run(channel, x.reshape(-1), send_elements, offsets(send_elements), out.reshape(-1),
                      recv_elements, offsets(recv_elements))
@@ -219,7 +220,7 @@ class Collectives:
         shape = (self.size * x.shape[0], *x.shape[1:])
         result = work = None
         if self.rank == root:
-            result, work = check.result("gather", out, shape, x.dtype)
+            result, work = check.result("gather", out, shape, x.dtype, like=x)
 
         def body(channel):
             algo.run(channel, x.reshape(-1), None if work is None else work.reshape(-1), root)
@@ -237,13 +238,14 @@ class Collectives:
         """
         check = self._check
         if x is None and out is not None and self.rank != root:
-            x = np.empty((self.size * out.shape[0], *out.shape[1:]) if out.ndim else (self.size,), out.dtype)
+            x = module_of(out).empty((self.size * out.shape[0], *out.shape[1:]) if out.ndim else (self.size,),
+                                    out.dtype)
         x = check.rows("scatter", check.array("scatter", x))
         root = check.root("scatter", root)
         rows = check.divisible("scatter", x)
         algo = check.algorithm("scatter", algorithm, None, x.nbytes)
         shape = (rows, *x.shape[1:])
-        result, work = check.result("scatter", out, shape, x.dtype)
+        result, work = check.result("scatter", out, shape, x.dtype, like=x)
 
         def body(channel):
             algo.run(channel, x.reshape(-1) if self.rank == root else None, work.reshape(-1), root)

@@ -15,6 +15,7 @@ from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 from . import fingerprint
 from .collectives import Collectives, Result
 from .describe import Description, Plan, Validator
+from .device import is_cupy
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
 from .selection import Selector
@@ -42,7 +43,8 @@ class Communicator(Collectives):
         self._shm_inside = transport.name in ("shm", "local")   # hosts' ranks share a machine
         self._levels: Levels | None = None
         self._check = Validator(self.rank, self.size,
-                                Selector(transport.name, self.size, self.layout.spans_hosts))
+                                Selector(transport.name, self.size, self.layout.spans_hosts),
+                                transport.device_buffers)
         self._executor = Executor(name)
         self._seq = 0
         self._hidden = 0   # calls colls made for itself (finding hosts, building levels): not numbered
@@ -263,8 +265,11 @@ class Communicator(Collectives):
     def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
              timeout: float | None = None) -> Result:
         """Receive into `x` (in place; contiguous and writable) from rank `src`; returns `x`."""
-        if not isinstance(x, np.ndarray) or not x.flags.c_contiguous or not x.flags.writeable:
-            raise self._check.fail("recv", "x must be a writable C-contiguous numpy array to receive into")
+        on_device = type(x) is not np.ndarray and is_cupy(x) and self.transport.device_buffers
+        if not (isinstance(x, np.ndarray) or on_device) or not x.flags.c_contiguous or not (
+                on_device or x.flags.writeable):
+            raise self._check.fail("recv", "x must be a writable C-contiguous numpy array (or, over "
+                                           "cuda_ipc, cupy array) to receive into")
         src = self._check.peer("recv", src, "src")
         tag = self._user_tag("recv", tag)
         flat = x.reshape(-1)

@@ -15,6 +15,7 @@ from algorithms import BUILTIN, Op, lookup, names
 from algorithms.registry import Algorithm
 from transports.errors import InvalidArgument
 
+from .device import as_cupy, is_cuda_dlpack, is_cupy, module_of
 from .selection import Selector
 
 BUILTIN_OPS = frozenset(BUILTIN.values())   # Op hashes by identity
@@ -107,9 +108,10 @@ PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it
 class Validator:
     """Argument checks for one rank; every message names the argument and the rank."""
 
-    def __init__(self, rank: int, size: int, selector: Selector) -> None:
+    def __init__(self, rank: int, size: int, selector: Selector, device_buffers: bool = False) -> None:
         self.rank = rank
         self.size = size
+        self.device_buffers = device_buffers   # whether the transport moves GPU arrays (cuda_ipc)
         self.use(selector)
 
     def use(self, selector: Selector) -> None:
@@ -124,9 +126,13 @@ class Validator:
         return InvalidArgument(f"rank {self.rank}: {collective}: {message}")
 
     def array(self, collective: str, x: object, name: str = "x") -> np.ndarray:
-        """`x` as a C-contiguous numpy array (copied if it was not), or InvalidArgument."""
+        """`x` as a C-contiguous numpy array (copied if it was not), or a C-contiguous cupy array
+        where the transport moves device buffers (other CUDA arrays through DLPack, not copied);
+        else InvalidArgument."""
         if x is None:
             raise self.fail(collective, f"{name} is None; pass a numpy array")
+        if type(x) is not np.ndarray and (is_cupy(x) or is_cuda_dlpack(x)):
+            return self.device_array(collective, x, name)
         array = x if type(x) is np.ndarray else np.asarray(x)
         if array.dtype.hasobject:
             raise self.fail(collective, f"{name} has dtype {array.dtype}; object arrays cannot be sent")
@@ -134,31 +140,58 @@ class Validator:
             array = np.ascontiguousarray(array)   # never move a strided view's bytes as if contiguous
         return array
 
+    def device_array(self, collective: str, x: object, name: str = "x"):
+        """A GPU array `x` as a C-contiguous cupy array, or InvalidArgument where the transport
+        moves host memory only (copying to the host behind the user's back would hide the cost)."""
+        if not self.device_buffers:
+            raise self.fail(collective, f"{name} is a GPU array ({type(x).__module__}."
+                                        f"{type(x).__name__}) but this communicator's transport moves "
+                                        f"host memory: use the cuda_ipc transport (colls run --transport "
+                                        f"cuda_ipc) or pass a numpy copy ({name}.get())")
+        array = x if is_cupy(x) else as_cupy(x)
+        if not array.flags.c_contiguous:
+            array = module_of(array).ascontiguousarray(array)
+        return array
+
     def output(self, collective: str, out: object, shape: tuple[int, ...], dtype: np.dtype,
-               name: str = "out") -> np.ndarray | None:
-        """Check a user-supplied output array; None if none was given."""
+               name: str = "out", like: object = None) -> np.ndarray | None:
+        """Check a user-supplied output array (on the same side, host or device, as `like`, the
+        input); None if none was given."""
         if out is None:
             return None
-        if not isinstance(out, np.ndarray):
+        if type(out) is not np.ndarray and (is_cupy(out) or is_cuda_dlpack(out)):
+            out = self.device_array(collective, out, name) if is_cuda_dlpack(out) else out
+            if module_of(like) is np:
+                raise self.fail(collective, f"{name} is a GPU array but the input is in host memory; "
+                                            f"pass both on the device or both on the host")
+            writeable = True
+        elif not isinstance(out, np.ndarray):
             raise self.fail(collective, f"{name} must be a numpy array, got {type(out).__name__}")
+        elif like is not None and module_of(like) is not np:
+            raise self.fail(collective, f"{name} is a numpy array but the input is a GPU array; "
+                                        f"pass both on the device or both on the host")
+        else:
+            writeable = out.flags.writeable
         if out.shape != shape or out.dtype != dtype:
             raise self.fail(collective, f"{name} has shape {out.shape} and dtype {out.dtype}; expected "
                                         f"shape {shape} and dtype {dtype}")
-        if not out.flags.writeable:
+        if not writeable:
             raise self.fail(collective, f"{name} is read-only")
         return out
 
     def result(self, collective: str, out: object, shape: tuple[int, ...],
-               dtype: np.dtype) -> tuple[np.ndarray | None, np.ndarray]:
+               dtype: np.dtype, like: object = None) -> tuple[np.ndarray | None, np.ndarray]:
         """(what the call returns into, where its algorithm writes), after checking `out`: the
-        user's `out` itself when it is contiguous, else a fresh buffer copied into it at the end."""
+        user's `out` itself when it is contiguous, else a fresh buffer copied into it at the end.
+        Fresh buffers are made where `like` (the input) lives: numpy, or cupy on the device."""
+        empty = np.empty if type(like) is np.ndarray or like is None else module_of(like).empty
         if out is None:
-            work = np.empty(shape, dtype)
+            work = empty(shape, dtype)
             return work, work
-        given = self.output(collective, out, shape, dtype)
+        given = self.output(collective, out, shape, dtype, like=like)
         if given.flags.c_contiguous:
             return given, given
-        return given, np.empty(shape, dtype)   # strided out: work contiguously, copy back at the end
+        return given, empty(shape, dtype)   # strided out: work contiguously, copy back at the end
 
     def root(self, collective: str, root: object) -> int:
         """`root` as an int in range."""

@@ -51,9 +51,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, transport: str = "shm", args: tup
                               f"got {hosts!r}")
     if transport == "local":
         return _spawn_threads(fn, nprocs, args, timeout, hosts)
-    if transport == "shm":
-        return _spawn_processes(fn, nprocs, args, timeout, hosts)
-    raise InvalidArgument(f"spawn: transport={transport!r}; spawn runs 'local' or 'shm' "
+    if transport in ("shm", "cuda_ipc"):
+        return _spawn_processes(fn, nprocs, args, timeout, hosts, transport)
+    raise InvalidArgument(f"spawn: transport={transport!r}; spawn runs 'local', 'shm' or 'cuda_ipc' "
                           f"(for mpi, start the script with mpiexec)")
 
 
@@ -105,14 +105,16 @@ def _child(fn, rank: int, args: tuple, env: dict[str, str], timeout: float | Non
 
 
 def _spawn_processes(fn, nprocs: int, args: tuple, timeout: float | None,
-                     hosts: Sequence[str] | None) -> list[Any]:
+                     hosts: Sequence[str] | None, transport: str = "shm") -> list[Any]:
+    """Fork the ranks (cuda_ipc: the parent must not have initialised CUDA, which a fork cannot
+    inherit)."""
     context = multiprocessing.get_context("fork")
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")
     processes, pipes = [], []
     try:
         for rank in range(nprocs):
-            env = job_environment(rank, nprocs, "shm", rendezvous, job)
+            env = job_environment(rank, nprocs, transport, rendezvous, job)
             if hosts is not None:
                 env["COLLS_HOST"] = hosts[rank]
             parent_end, child_end = context.Pipe(duplex=False)

@@ -142,6 +142,9 @@ class Transport(ABC):
         if self.watched is not None:
             self.watched.check_aborted()
 
+    # whether isend/irecv take GPU (cupy) arrays as well as numpy ones: the cuda_ipc transport
+    device_buffers: bool = False
+
     @property
     def one_sided(self) -> bool:
         """Whether peers can read or write this rank's registered buffers directly (NCCL's P2P)."""

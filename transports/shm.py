@@ -188,6 +188,7 @@ class ShmTransport(Transport):
     """One process's end of a shared-memory group."""
 
     name = "shm"
+    SETUP_ROUNDS = 2   # the exchanges __init__ makes (a rank outside a new group makes them empty)
 
     def __init__(self, rank: int, size: int, exchange: Exchange, job: str | None = None) -> None:
         if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -710,10 +711,13 @@ class ShmTransport(Transport):
         self.segment.close()
 
 
-def shm_group(rank: int, ranks: Sequence[int], exchange: Exchange) -> ShmTransport | None:
-    """A shared-memory transport for the group `ranks` of a parent group (of any transport) in
-    which this process is rank `rank`; collective over the parent, whose `exchange` carries the
-    new group's two setup rounds, each member picking out its group's entries. None outside."""
+def shm_group(rank: int, ranks: Sequence[int], exchange: Exchange, kind: type[ShmTransport] | None = None,
+              **options) -> ShmTransport | None:
+    """A shared-memory transport (or one of `kind`, a subclass) for the group `ranks` of a parent
+    group (of any transport) in which this process is rank `rank`; collective over the parent,
+    whose `exchange` carries the new group's setup rounds, each member picking out its group's
+    entries. None outside."""
+    kind = ShmTransport if kind is None else kind
     members = list(ranks)
 
     def group_exchange(data: bytes) -> list[bytes]:
@@ -721,7 +725,7 @@ def shm_group(rank: int, ranks: Sequence[int], exchange: Exchange) -> ShmTranspo
         return [table[r] for r in members]
 
     if not members:
-        group_exchange(b"")     # the name round
-        group_exchange(b"")     # the "mapped" round
+        for _ in range(kind.SETUP_ROUNDS):   # the rounds the members make (segment names, "mapped", ...)
+            group_exchange(b"")
         return None
-    return ShmTransport(members.index(rank), len(members), group_exchange)
+    return kind(members.index(rank), len(members), group_exchange, **options)

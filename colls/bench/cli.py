@@ -37,8 +37,10 @@ _FOREIGN_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_")   # an outer 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `colls bench` (nccl-tests' letters where they do not clash with -n ranks)."""
     parser.add_argument("-n", "--nprocs", type=int, default=2, metavar="N", help="ranks (default 2)")
-    parser.add_argument("--transport", choices=("shm", "mpi"), default="shm",
-                        help="what colls runs over (default shm); MPI and Gloo baselines run beside it")
+    parser.add_argument("--transport", choices=("shm", "mpi", "cuda_ipc"), default="shm",
+                        help="what colls runs over (default shm); MPI and Gloo baselines run beside it; "
+                             "cuda_ipc: cupy buffers on the GPU, beside the device copy and a host-staged "
+                             "path")
     parser.add_argument("-c", "--collectives", default="all_reduce", metavar="LIST",
                         help=f"comma-separated, or 'all': {','.join(COLLECTIVES)} (default all_reduce)")
     parser.add_argument("-b", "--minbytes", default=None, metavar="SIZE",
@@ -230,6 +232,8 @@ def bench_command(args: argparse.Namespace) -> int:
         limit = parse_size(args.memcheck_limit)
     except ValueError as error:
         args.parser.error(str(error))
+    if spec.transport == "cuda_ipc":
+        return gpu_bench(args, spec)
     if importlib.util.find_spec("mpi4py") is None:
         print("colls bench: needs mpi4py and mpiexec: pip install 'colls[bench]'", file=sys.stderr)
         return EXIT_USAGE
@@ -267,4 +271,31 @@ def bench_command(args: argparse.Namespace) -> int:
             print(f"colls bench --memcheck: {line}", file=sys.stderr)
         if failures:
             return EXIT_WRONG
+    return 0
+
+
+def gpu_bench(args: argparse.Namespace, spec: Spec) -> int:
+    """`colls bench --transport cuda_ipc`: the ranks run `colls.bench.gpu` under `colls run`."""
+    from colls.launcher import launch
+
+    started = time.time()
+    command = shlex.join(["colls", *sys.argv[1:]])
+    with tempfile.TemporaryDirectory(prefix="colls-bench-") as folder:
+        spec = dataclasses.replace(spec, records_path=os.path.join(folder, "records.jsonl"), baselines=())
+        spec_path = os.path.join(folder, "spec.json")
+        spec.save(spec_path)
+        status = launch(["-m", "colls.bench.gpu", spec_path], spec.ranks, "cuda_ipc", args.timeout,
+                        env={"PYTHONUNBUFFERED": "1"})
+        _, records = _read_records(spec.records_path)
+    if args.json:
+        settings = {key: value for key, value in dataclasses.asdict(spec).items() if key != "records_path"}
+        write_json(args.json, {"tool": "colls bench", "command": command,
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                               "wall_s": round(time.time() - started, 2), "spec": settings}, records)
+        print(f"# wrote {len(records)} records to {args.json}")
+    if status != 0:
+        return status
+    if any(record.get("wrong") for record in records):
+        print("colls bench: some results were wrong (see #wrong)", file=sys.stderr)
+        return EXIT_WRONG
     return 0
