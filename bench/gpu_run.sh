@@ -23,15 +23,15 @@ step() {   # step NAME SECONDS COMMAND...: run with a deadline, log, note the st
     >"$out/machine.log" 2>&1
 cat "$out/machine.log"
 step smoke 120 $python -m colls.cli run -n 2 --transport cuda_ipc --timeout 100 tests/gpu_worker.py matrix 0 1 7
+for n in 2 4; do
+    step "bench$n" 240 $python -m colls.cli bench --transport cuda_ipc -n "$n" -b 1M -e 1G -f 4 \
+        --json "$out/bench$n.json" --timeout 220
+done
 if [ "$mode" = quick ]; then
     step tests 420 $python -m pytest -q -p no:cacheprovider -m "gpu and not slow" tests/test_cuda.py
 else
     step tests 600 $python -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda.py
 fi
-for n in 2 4; do
-    step "bench$n" 240 $python -m colls.cli bench --transport cuda_ipc -n "$n" -b 1M -e 1G -f 4 \
-        --json "$out/bench$n.json" --timeout 220
-done
 if [ "$mode" = full ]; then
     step bench_all 300 $python -m colls.cli bench --transport cuda_ipc -n 2 -c all -b 1M -e 256M -f 16 \
         --json "$out/bench_all.json" --timeout 280
