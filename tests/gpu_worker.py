@@ -141,7 +141,7 @@ class Matrix:
             x = cupy.asarray(inputs[rank])
             self.check(f"all_reduce MAX int32 {count}", comm.all_reduce(x, op=colls.MAX), stacked.max(axis=0))
             self.check(f"all_reduce MIN int32 {count}", comm.all_reduce(x, op="min"), stacked.min(axis=0))
-            average = np.fix(stacked.sum(axis=0) / size).astype(np.int32)   # truncation toward zero
+            average = np.trunc(stacked.sum(axis=0) / size).astype(np.int32)   # truncation toward zero
             self.check(f"all_reduce AVG int32 {count}", comm.all_reduce(x, op=colls.AVG), average)
             floats = cupy.asarray(inputs[rank].astype(np.float32))
             self.check(f"all_reduce AVG float32 {count}", comm.all_reduce(floats, op=colls.AVG),

@@ -8,6 +8,7 @@ forks and a forked child cannot use its parent's CUDA context.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -156,3 +157,20 @@ def test_point_to_point_async_groups_dlpack_and_errors_on_device(n):
     done = run_ranks(n, "checks", timeout=300)
     assert done.returncode == 0, "FAIL lines above"
     assert done.stdout.count(" 0 problems") == n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["ps", "ddp", "zero1", "zero2", "zero3"])
+def test_colls_train_on_the_gpu_matches_serial_training_there(strategy, tmp_path):
+    """`colls train --device cuda`: the loops of issue 6 on cupy over cuda_ipc, against serial
+    training on the same GPU (float64: relative difference <= 1e-10, as on the host)."""
+    needs_gpu()
+    report_file = tmp_path / "report.json"
+    command = [sys.executable, "-m", "colls.cli", "train", "--strategy", strategy, "-n", "2",
+               "--device", "cuda", "--steps", "3", "--check-serial", "--json", str(report_file)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    sys.stdout.write(done.stdout[-5000:])
+    sys.stderr.write(done.stderr[-5000:])
+    assert done.returncode == 0
+    difference = json.loads(report_file.read_text())["serial_difference"]
+    assert difference["relative"] <= 1e-10 and difference["identical_across_ranks"]

@@ -16,6 +16,7 @@ import numpy as np
 from .data import global_batch, shard_rows
 from .model import Model, ModelConfig
 from .optim import make_optimizer
+from .placement import array_module, to_device
 
 DATA_PARALLEL = ("serial", "ps", "ddp", "zero1", "zero2", "zero3")
 # model-parallel strategies -> the module of colls.parallel that implements them (issue 7); each
@@ -48,6 +49,8 @@ class Setup:
     ep: int = 1                     # expert-parallel ranks (experts spread over them)
     micro_batches: int = 4          # pipeline: micro-batches per mini-batch (m)
     chunks: int = 1                 # interleaved pipeline: model chunks per rank (v)
+    device: str = "cpu"             # "cuda": parameters, batches and collectives on cupy (serial,
+                                    # ps, ddp, zero1-3 over the cuda_ipc transport)
     stage_seconds: float = 0.0      # pipeline: sleep added to every stage's micro-batch forward (backward
                                     # twice that), so stage costs are equal and dominate (bubble checks)
 
@@ -66,11 +69,11 @@ class Setup:
 
     def build(self, align: int = 1) -> Model:
         """The model, its flat buffers padded to multiples of `align`."""
-        return Model(self.model, self.compute_dtype, align)
+        return Model(self.model, self.compute_dtype, align, device=self.device)
 
     def optimizer_for(self, size: int):
         """A fresh optimizer over `size` elements in the state dtype."""
-        return make_optimizer(self.optimizer, size, self.lr, self.state_dtype)
+        return make_optimizer(self.optimizer, size, self.lr, self.state_dtype, array_module(self.device))
 
     def initial_params(self, model: Model) -> np.ndarray:
         """The initial flat parameters (in float64 draws, cast), identical on every rank."""
@@ -82,7 +85,7 @@ def local_batch(setup: Setup, step: int, rank: int, size: int):
     cfg = setup.model
     tokens, targets = global_batch(setup.seed, step, setup.batch, cfg.seq_len, cfg.vocab)
     rows = shard_rows(setup.batch, size, rank)
-    return tokens[rows], targets[rows], 1.0 / targets.size
+    return to_device(tokens[rows], setup.device), to_device(targets[rows], setup.device), 1.0 / targets.size
 
 
 def micro_batches(tokens: np.ndarray, targets: np.ndarray, count: int):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from .common import RunResult, Setup, StepTimer, local_batch, micro_batches
 from .model import Layout
+from .placement import to_host
 from .serial import Replica
 
 
@@ -102,6 +103,6 @@ def train_ddp(comm, setup: Setup) -> RunResult:
         records.append(timer.finish(step, loss))
         overlap.append({"backward_end": backward_end, "buckets": launcher.events})
     return RunResult("ddp", comm.rank, comm.size, model.layout.parameters, records, replica.state_bytes(), 0,
-                     model.layout.pack(replica.params).astype("float64"),
+                     to_host(model.layout.pack(replica.params)).astype("float64"),
                      extra={"buckets": [(b.start, b.stop, b.first_layer) for b in buckets],
                             "overlap": overlap})

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from colls.device import module_of
+
 LAYER_NORM_EPS = 1e-5
 _GELU_C = np.sqrt(2.0 / np.pi)
 
@@ -82,7 +84,7 @@ def causal_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """softmax(q k^T / sqrt(hd) + causal mask) v on (B, H, T, hd) heads (Vaswani et al. 2017)."""
     time, head_dim = q.shape[-2], q.shape[-1]
     scores = (q @ k.transpose(0, 1, 3, 2)) / q.dtype.type(np.sqrt(head_dim))   # stays in q's dtype
-    future = np.triu(np.ones((time, time), dtype=bool), k=1)
+    future = np.triu(np.ones_like(scores, dtype=bool, shape=(time, time)), k=1)   # where scores live
     scores = np.where(future, -np.inf, scores)
     scores -= scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
@@ -108,9 +110,8 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray, scale: float):
     log_probs = shifted - log_norm
     picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)
     loss = -scale * picked.sum()
-    dlogits = np.exp(log_probs)
-    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1.0,
-                      axis=-1)
+    classes = module_of(logits).arange(logits.shape[-1])
+    dlogits = np.exp(log_probs) - (targets[..., None] == classes)   # p - 1 at the target, p elsewhere
     return float(loss), dlogits * scale
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
+from .placement import scatter_add
 
 Spec = tuple[str, tuple[int, ...], str]   # name, shape, init ("normal", "zeros", "ones")
 
@@ -40,7 +41,7 @@ class Embedding:
         return p["tokens"][tokens] + p["positions"][:time], tokens
 
     def backward(self, p, g, tokens, dy):
-        np.add.at(g["tokens"], tokens.reshape(-1), dy.reshape(-1, self.d_model))
+        scatter_add(g["tokens"], tokens.reshape(-1), dy.reshape(-1, self.d_model))
         g["positions"][:tokens.shape[1]] += dy.sum(axis=0)
         return None
 

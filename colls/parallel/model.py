@@ -22,6 +22,7 @@ import numpy as np
 
 from . import functional as F
 from .layers import MLP, Attention, Embedding, Head, MoE
+from .placement import array_module, to_device
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,10 @@ class Model:
     `layers` replaces `config.layers()` (expert parallelism passes its own MoE blocks)."""
 
     def __init__(self, config: ModelConfig, dtype=np.float64, align: int = 1,
-                 layers: list | None = None) -> None:
+                 layers: list | None = None, device: str = "cpu") -> None:
         self.config = config
+        self.device = device   # "cpu": numpy buffers; "cuda": cupy buffers on the current GPU
+        self.xp = array_module(device)
         self.dtype = np.dtype(dtype)
         self.layers = config.layers() if layers is None else layers
         self.layout = Layout(self.layers, align)
@@ -131,11 +134,11 @@ class Model:
                     views[name][...] = rng.standard_normal(shape) / np.sqrt(shape[1])
                 elif init == "ones":
                     views[name][...] = 1.0
-        return flat
+        return to_device(flat, self.device)   # drawn on the host: every device gets the same numbers
 
     def zeros(self, dtype=None) -> np.ndarray:
         """A zero flat buffer of this layout (gradients)."""
-        return np.zeros(self.layout.total, dtype or self.dtype)
+        return self.xp.zeros(self.layout.total, dtype or self.dtype)
 
     def flat_source(self, flat: np.ndarray) -> ParamSource:
         """Read every layer's parameters from the flat buffer `flat`."""
@@ -175,7 +178,7 @@ class Model:
             if all(g.dtype == self.dtype for g in sink.values()):
                 dy = layer.backward(self._compute(params(index)), sink, caches[index], dy)
             else:   # low-precision gradient buffer: compute in full precision, then add in
-                full = {k: np.zeros(g.shape, self.dtype) for k, g in sink.items()}
+                full = {k: np.zeros_like(g, dtype=self.dtype) for k, g in sink.items()}
                 dy = layer.backward(self._compute(params(index)), full, caches[index], dy)
                 for k, g in sink.items():
                     g += full[k]

@@ -15,10 +15,10 @@ class Adam:
     """Adam with bias correction; `step(params, grads)` updates `params` in place."""
 
     def __init__(self, size: int, lr: float = 1e-2, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, state_dtype=np.float64) -> None:
+                 eps: float = 1e-8, state_dtype=np.float64, xp=np) -> None:
         self.lr, self.betas, self.eps = lr, betas, eps
-        self.m = np.zeros(size, state_dtype)
-        self.v = np.zeros(size, state_dtype)
+        self.m = xp.zeros(size, state_dtype)   # xp: numpy, or cupy for state on a GPU
+        self.v = xp.zeros(size, state_dtype)
         self.t = 0
 
     @property
@@ -42,9 +42,10 @@ class Adam:
 class SGD:
     """SGD with (optional) heavy-ball momentum."""
 
-    def __init__(self, size: int, lr: float = 1e-1, momentum: float = 0.9, state_dtype=np.float64) -> None:
+    def __init__(self, size: int, lr: float = 1e-1, momentum: float = 0.9, state_dtype=np.float64,
+                 xp=np) -> None:
         self.lr, self.momentum = lr, momentum
-        self.velocity = np.zeros(size if momentum else 0, state_dtype)
+        self.velocity = xp.zeros(size if momentum else 0, state_dtype)
 
     @property
     def state_arrays(self) -> list[np.ndarray]:
@@ -61,10 +62,11 @@ class SGD:
             params -= self.lr * grads
 
 
-def make_optimizer(name: str, size: int, lr: float | None = None, state_dtype=np.float64):
-    """'adam' or 'sgd' over `size` elements (default learning rates 1e-2 and 1e-1)."""
+def make_optimizer(name: str, size: int, lr: float | None = None, state_dtype=np.float64, xp=np):
+    """'adam' or 'sgd' over `size` elements (default learning rates 1e-2 and 1e-1), state made by
+    `xp` (numpy, or cupy on a GPU)."""
     if name == "adam":
-        return Adam(size, 1e-2 if lr is None else lr, state_dtype=state_dtype)
+        return Adam(size, 1e-2 if lr is None else lr, state_dtype=state_dtype, xp=xp)
     if name == "sgd":
-        return SGD(size, 1e-1 if lr is None else lr, state_dtype=state_dtype)
+        return SGD(size, 1e-1 if lr is None else lr, state_dtype=state_dtype, xp=xp)
     raise ValueError(f"optimizer {name!r}: choose 'adam' or 'sgd'")

@@ -11,6 +11,7 @@ server's link carries everything, which is the bottleneck the ring removes.
 from __future__ import annotations
 
 from .common import RunResult, Setup, StepTimer, local_batch
+from .placement import to_host
 from .serial import Replica
 
 SERVER_RANK = 0
@@ -37,4 +38,4 @@ def train_ps(comm, setup: Setup) -> RunResult:
         comm.broadcast(replica.params, root=SERVER_RANK, out=replica.params, algorithm="direct")
         records.append(timer.finish(step, loss))
     return RunResult("ps", comm.rank, comm.size, model.layout.parameters, records, replica.state_bytes(),
-                     0, model.layout.pack(replica.params).astype("float64"))
+                     0, to_host(model.layout.pack(replica.params)).astype("float64"))

@@ -12,6 +12,7 @@ import numpy as np
 
 from .common import RunResult, Setup, StepRecord, local_batch, nbytes
 from .model import Model
+from .placement import to_host
 
 
 class Replica:
@@ -64,4 +65,4 @@ def train_serial(setup: Setup) -> RunResult:
         replica.step()
         records.append(StepRecord(step, loss, time.perf_counter() - start, 0, 0))
     return RunResult("serial", 0, 1, model.layout.parameters, records, replica.state_bytes(), 0,
-                     model.layout.pack(replica.params).astype(np.float64))
+                     to_host(model.layout.pack(replica.params)).astype(np.float64))

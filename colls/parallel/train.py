@@ -14,9 +14,10 @@ import os
 import numpy as np
 
 from .accounting import Bytes, state_formula, volume_formula, volume_slack
-from .common import MODEL_PARALLEL, STRATEGIES, RunResult, Setup
+from .common import DATA_PARALLEL, MODEL_PARALLEL, STRATEGIES, RunResult, Setup
 from .ddp import train_ddp
 from .model import ModelConfig
+from .placement import DEVICES
 from .ps import train_ps
 from .serial import train_serial
 from .zero import train_zero1, train_zero2, train_zero3
@@ -178,7 +179,8 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                  bucket_bytes=int(args.bucket_mb * 2**20),
                  first_bucket_bytes=int(args.first_bucket_mb * 2**20),
                  algorithm=args.algorithm, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
-                 micro_batches=args.micro_batches, chunks=args.chunks, stage_seconds=args.stage_seconds)
+                 micro_batches=args.micro_batches, chunks=args.chunks, stage_seconds=args.stage_seconds,
+                 device=args.device)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +190,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of ranks (default 2; model-parallel: what the grid needs)")
     parser.add_argument("--transport", choices=("local", "shm"), default="local",
                         help="local: ranks are threads; shm: processes over shared memory")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="cuda: train on cupy arrays on the GPU, ranks as processes over the cuda_ipc "
+                             "transport (serial, ps, ddp, zero1-3)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--check-serial", action="store_true", help="also train serially and compare")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
@@ -242,7 +247,13 @@ def train_command(args: argparse.Namespace) -> int:
             args.parser.error(f"-n {nprocs}: --strategy {args.strategy} with --dp {setup.dp} --tp {setup.tp} "
                               f"--pp {setup.pp} --ep {setup.ep} needs {needed} ranks")
         nprocs = needed
-    results = run(args.strategy, setup, 2 if nprocs is None else nprocs, args.transport)
+    transport = args.transport
+    if setup.device == "cuda":
+        if args.strategy not in DATA_PARALLEL:
+            args.parser.error(f"--device cuda: --strategy {args.strategy} runs on the host only; choose "
+                              f"one of {', '.join(DATA_PARALLEL)}")
+        transport = "cuda_ipc"   # processes (forked before this process touches the GPU) over CUDA IPC
+    results = run(args.strategy, setup, 2 if nprocs is None else nprocs, transport)
     serial = train_serial(setup) if args.check_serial else None
     report = build_report(args.strategy, setup, results, serial)
     problems = check_volume(report, results)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .common import RunResult, Setup, StepTimer, local_batch, nbytes
 from .model import Model
+from .placement import to_host
 
 COLLECTIVE_ALGORITHM = "ring"   # reduce-scatter and all-gather: (n-1)/n of the buffer per rank
 
@@ -78,7 +79,7 @@ def train_zero(comm, setup: Setup, stage: int) -> RunResult:
     full_params = setup.initial_params(model)
     # persistent state: what each stage keeps between steps
     params = full_params if stage < 3 else shards.gather_from_flat(full_params)
-    grads = model.zeros(working) if stage == 1 else np.zeros(shards.total, working)
+    grads = model.zeros(working) if stage == 1 else model.xp.zeros(shards.total, working)
     master = shards.gather_from_flat(full_params).astype(np.float32) if setup.mixed else None
     optimizer = setup.optimizer_for(shards.total)
     del full_params
@@ -98,7 +99,7 @@ def train_zero(comm, setup: Setup, stage: int) -> RunResult:
 
     def layer_grad_buffer(index: int) -> dict[str, np.ndarray]:
         """ZeRO-2/3: a zeroed full-size gradient for layer `index`, alive only during its backward."""
-        buffer = transient.take(np.zeros(layout.segments[index].padded, working))
+        buffer = transient.take(model.xp.zeros(layout.segments[index].padded, working))
         layer_grads[index] = buffer
         return layout.views(buffer, index, local=True)
 
@@ -136,7 +137,7 @@ def train_zero(comm, setup: Setup, stage: int) -> RunResult:
                 layer_grad_buffer(index)
                 scatter_layer_grad(index)
         if stage == 1:   # the full gradient exists: reduce-scatter it layer by layer into a shard
-            grad_shard = transient.take(np.empty(shards.total, working))
+            grad_shard = transient.take(model.xp.empty(shards.total, working))
             for index in range(len(layout.segments)):
                 comm.reduce_scatter(layout.segment(grads, index), out=shards.of_shard(grad_shard, index),
                                     algorithm=COLLECTIVE_ALGORITHM)
@@ -176,7 +177,7 @@ def train_zero(comm, setup: Setup, stage: int) -> RunResult:
     state = {"params": nbytes(params), "grads": nbytes(grads),
              "optimizer": nbytes(*([] if master is None else [master]), *optimizer.state_arrays)}
     return RunResult(f"zero{stage}", comm.rank, n, layout.parameters, records, state, transient.peak,
-                     layout.pack(full).astype(np.float64), replicated=stage < 3,
+                     to_host(layout.pack(full)).astype(np.float64), replicated=stage < 3,
                      extra={"padded_parameters": layout.total, "shard_elements": shards.total})
 
 
