@@ -70,7 +70,9 @@ class SymbolicArray(np.ndarray):
             prototype = args[0]
             position = 2 if func is np.full_like else 1
             dtype = kwargs.get("dtype") or (args[position] if len(args) > position else None)
-            made = symbolic(prototype.size, dtype or prototype.dtype).reshape(prototype.shape)
+            shape = kwargs.get("shape")
+            shape = prototype.shape if shape is None else tuple(np.atleast_1d(shape).tolist())
+            made = symbolic(int(np.prod(shape, dtype=np.int64)), dtype or prototype.dtype).reshape(shape)
             _charge(made.nbytes, "alloc")   # a fresh buffer's first touch (page faults), if modelled
             return made
         if func in (np.may_share_memory, np.shares_memory):
