@@ -34,9 +34,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .base import Exchange, Reducer, Request, Transport
-from .errors import CollectiveMismatch, TransportError
+from .errors import TransportError
 from .segment import Segment
-from .shm import ShmTransport, _Fifo, _fifo_bytes, shm_group
+from .shm import ShmTransport, _Fifo, _fifo_bytes, check_chunk, serve_stashed, shm_group, take_posted
 
 MiB = 1 << 20
 DEFAULT_SLOTS = 4
@@ -276,21 +276,30 @@ class CudaIpcTransport(ShmTransport):
         event.record()
         return event
 
+    def _retire(self, pending: deque, count: int, control: np.ndarray, word: int) -> tuple[int, list]:
+        """Pop the chunks at the front of `pending` whose events have completed (in order: they
+        ran on one stream), counting each into `control[word]` (a sender's head, a receiver's
+        tail); returns the new count and the requests whose last chunk was among them."""
+        finished = []
+        while pending and pending[0][0].done:
+            event, request, last = pending.popleft()
+            self.spare_events.append(event)
+            count += 1
+            control[word] = count
+            if last:
+                finished.append(request)
+        return count, finished
+
     def _device_push(self, peer: int) -> bool:
         """Publish the chunks to `peer` whose copies have completed, then queue copies of queued
         sends into as many of its free slots as there are."""
         fifo, copying = self.device_outbound[peer], self.copying[peer]
-        moved = False
-        published = self.published[peer]
-        while copying and copying[0][0].done:
-            event, send, last = copying.popleft()
-            self.spare_events.append(event)
-            published += 1
-            fifo.control[0] = published          # the bytes are in the slot: the receiver may read it
-            if last:
-                send.done = True
-            moved = True
-        self.published[peer] = published
+        before = self.published[peer]
+        # head: the bytes are in the slot, the receiver may read it
+        self.published[peer], finished = self._retire(copying, before, fifo.control, 0)
+        for send in finished:
+            send.done = True
+        moved = self.published[peer] > before
         queue, issued = self.device_sends[peer], self.issued[peer]
         slots, chunk = self.device_slots, self.device_chunk
         if queue:
@@ -320,19 +329,14 @@ class CudaIpcTransport(ShmTransport):
         """Free the slots from `peer` whose contents have been consumed, then queue the consumption
         (a copy or a reduction, on the device) of the chunks it has published since."""
         fifo, consuming = self.device_inbound[peer], self.consuming[peer]
-        moved = False
-        freed = self.freed[peer]
-        while consuming and consuming[0][0].done:
-            event, request, last = consuming.popleft()
-            self.spare_events.append(event)
-            freed += 1
-            fifo.control[8] = freed              # the slot is free: the sender may overwrite it
-            if last:
-                request.done = True
-                if request.stash:
-                    self._serve_device_stash(peer)
-            moved = True
-        self.freed[peer] = freed
+        before = self.freed[peer]
+        # tail: the slot is free, the sender may overwrite it
+        self.freed[peer], finished = self._retire(consuming, before, fifo.control, 8)
+        for request in finished:
+            request.done = True
+            if request.stash:
+                self._serve_device_stash(peer)
+        moved = self.freed[peer] > before
         taken, head = self.taken[peer], int(fifo.control[0])
         while taken < head:
             slot = taken % self.device_slots
@@ -343,12 +347,7 @@ class CudaIpcTransport(ShmTransport):
                 if request is None:
                     break                        # nobody wants it yet: leave it in the FIFO
                 self.device_current[peer] = request
-            if (offset != request.pos or n < 0 or n > self.device_chunk or offset + n > message_bytes
-                    or message_bytes != request.nbytes or tag != request.tag):
-                raise CollectiveMismatch(
-                    f"rank {self.rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) "
-                    f"but rank {peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset "
-                    f"{offset}, {n} B): the ranks called different operations")
+            check_chunk(self.rank, peer, request, (tag, message_bytes, offset, n), self.device_chunk)
             if n:
                 self._consume(peer, slot, request, n)
             request.pos += n
@@ -378,15 +377,9 @@ class CudaIpcTransport(ShmTransport):
         """The earliest posted device receive for a new message with `tag`; a stash (a device buffer
         of its own) when receives wait for other tags, so that the FIFO keeps moving."""
         posted = self.device_posted[peer]
-        for i, request in enumerate(posted):
-            if request.tag == tag:
-                if message_bytes != request.nbytes:
-                    raise CollectiveMismatch(
-                        f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
-                        f"(tag {tag}) but rank {peer} sent {message_bytes} B")
-                return posted.pop(i)
-        if not posted:
-            return None
+        request = take_posted(posted, self.rank, peer, tag, message_bytes)
+        if request is not None or not posted:
+            return request
         stash = _DeviceIn(peer, tag, self.cupy.empty(message_bytes, self.cupy.uint8), None, stash=True)
         self.device_stashed[peer].append(stash)
         return stash
@@ -394,27 +387,17 @@ class CudaIpcTransport(ShmTransport):
     def _serve_device_stash(self, peer: int) -> None:
         """Complete posted device receives from fully stashed messages with their tag, oldest first
         (the rare path: point-to-point messages taken out of tag order)."""
-        stashed, posted = self.device_stashed[peer], self.device_posted[peer]
-        for stash in list(stashed):
-            if not stash.done:
-                break
-            for i, request in enumerate(posted):
-                if request.tag == stash.tag:
-                    if request.nbytes != stash.nbytes:
-                        raise CollectiveMismatch(
-                            f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
-                            f"(tag {stash.tag}) but rank {peer} sent {stash.nbytes} B")
-                    del posted[i]
-                    if request.nbytes:
-                        if request.reducer is None:
-                            request.bytes[...] = stash.buf
-                        else:
-                            request.reducer(request.buf, stash.buf.view(request.buf.dtype))
-                        self.cupy.cuda.get_current_stream().synchronize()
-                    request.pos = request.nbytes
-                    request.done = True
-                    stashed.remove(stash)
-                    break
+        def deliver(request: _DeviceIn, stash: _DeviceIn) -> None:
+            if request.nbytes:
+                if request.reducer is None:
+                    request.bytes[...] = stash.buf
+                else:
+                    request.reducer(request.buf, stash.buf.view(request.buf.dtype))
+                self.cupy.cuda.get_current_stream().synchronize()
+            request.pos = request.nbytes
+            request.done = True
+
+        serve_stashed(self.device_stashed[peer], self.device_posted[peer], self.rank, peer, deliver)
 
     # -- groups and teardown ---------------------------------------------------------------------
 

@@ -567,12 +567,7 @@ class ShmTransport(Transport):
                 self._read_rendezvous(peer, request, offset)
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
                 continue
-            if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
-                    or message_bytes != request.nbytes or tag != request.tag):
-                raise CollectiveMismatch(
-                    f"rank {self.rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) "
-                    f"but rank {peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset "
-                    f"{offset}, {n} B): the ranks called different operations")
+            check_chunk(self.rank, peer, request, (tag, message_bytes, offset, n), self.chunk)
             request.take(fifo.data[slot, :n])
             tail += 1
             fifo.control[8] = tail
@@ -590,15 +585,9 @@ class ShmTransport(Transport):
     def _match(self, peer: int, tag: int, message_bytes: int) -> _In | None:
         """The earliest posted receive for a new message; stash it if receives wait for other tags."""
         posted = self.posted[peer]
-        for i, request in enumerate(posted):
-            if request.tag == tag:
-                if message_bytes != request.nbytes:
-                    raise CollectiveMismatch(
-                        f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
-                        f"(tag {tag}) but rank {peer} sent {message_bytes} B")
-                return posted.pop(i)
-        if not posted:
-            return None
+        request = take_posted(posted, self.rank, peer, tag, message_bytes)
+        if request is not None or not posted:
+            return request
         # Receives wait on other tags behind this message: take it aside (the rare, allocating path:
         # point-to-point messages out of tag order) so the FIFO keeps moving.
         stash = _In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
@@ -607,21 +596,11 @@ class ShmTransport(Transport):
 
     def _serve_stash(self, peer: int) -> None:
         """Complete posted receives from fully stashed messages with their tag, oldest first."""
-        stashed, posted = self.stashed[peer], self.posted[peer]
-        for stash in list(stashed):
-            if not stash.done:
-                break
-            for i, request in enumerate(posted):
-                if request.tag == stash.tag:
-                    if request.nbytes != stash.nbytes:
-                        raise CollectiveMismatch(
-                            f"rank {self.rank} posted a receive of {request.nbytes} B from rank {peer} "
-                            f"(tag {stash.tag}) but rank {peer} sent {stash.nbytes} B")
-                    del posted[i]
-                    request.take(stash.data)
-                    request.done = True
-                    stashed.remove(stash)
-                    break
+        def deliver(request: _In, stash: _In) -> None:
+            request.take(stash.data)
+            request.done = True
+
+        serve_stashed(self.stashed[peer], self.posted[peer], self.rank, peer, deliver)
 
     def progress(self) -> bool:
         """One pass over every active FIFO; true if anything moved."""
@@ -709,6 +688,44 @@ class ShmTransport(Transport):
             if segment is not self.segment:
                 segment.close()
         self.segment.close()
+
+
+def check_chunk(rank: int, peer: int, request: Request, header: tuple[int, int, int, int],
+                chunk_bytes: int) -> None:
+    """CollectiveMismatch unless a FIFO chunk's header (tag, message bytes, offset, chunk bytes)
+    continues `request`, the receive it is matched to, where it stopped."""
+    tag, message_bytes, offset, n = header
+    if (offset != request.pos or n < 0 or n > chunk_bytes or offset + n > message_bytes
+            or message_bytes != request.nbytes or tag != request.tag):
+        raise CollectiveMismatch(
+            f"rank {rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) but rank "
+            f"{peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset {offset}, {n} B): "
+            f"the ranks called different operations")
+
+
+def take_posted(posted: list, rank: int, peer: int, tag: int, message_bytes: int):
+    """The earliest of `posted` (receives from `peer`) with `tag`, taken off the list; None if none;
+    CollectiveMismatch if its size is not the message's (MPI's matching: in order, per tag)."""
+    for i, request in enumerate(posted):
+        if request.tag == tag:
+            if message_bytes != request.nbytes:
+                raise CollectiveMismatch(
+                    f"rank {rank} posted a receive of {request.nbytes} B from rank {peer} "
+                    f"(tag {tag}) but rank {peer} sent {message_bytes} B")
+            return posted.pop(i)
+    return None
+
+
+def serve_stashed(stashed: list, posted: list, rank: int, peer: int, deliver) -> None:
+    """Hand fully stashed messages from `peer` (oldest first) to posted receives with their tag:
+    `deliver(request, stash)` copies and completes; a delivered stash leaves the list."""
+    for stash in list(stashed):
+        if not stash.done:
+            break
+        request = take_posted(posted, rank, peer, stash.tag, stash.nbytes)
+        if request is not None:
+            deliver(request, stash)
+            stashed.remove(stash)
 
 
 def shm_group(rank: int, ranks: Sequence[int], exchange: Exchange, kind: type[ShmTransport] | None = None,
