@@ -147,7 +147,8 @@ class Validator:
             raise self.fail(collective, f"{name} is a GPU array ({type(x).__module__}."
                                         f"{type(x).__name__}) but this communicator's transport moves "
                                         f"host memory: use the cuda_ipc transport (colls run --transport "
-                                        f"cuda_ipc) or pass a numpy copy ({name}.get())")
+                                        f"cuda_ipc) or pass a host copy (cupy: {name}.get(); torch: "
+                                        f"{name}.cpu().numpy())")
         array = x if is_cupy(x) else as_cupy(x)
         if not array.flags.c_contiguous:
             array = module_of(array).ascontiguousarray(array)

@@ -233,6 +233,10 @@ def bench_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         args.parser.error(str(error))
     if spec.transport == "cuda_ipc":
+        if importlib.util.find_spec("cupy") is None:
+            print("colls bench --transport cuda_ipc: needs cupy and an NVIDIA GPU: pip install cupy-cuda12x "
+                  "(or cupy-cuda13x)", file=sys.stderr)
+            return EXIT_USAGE
         return gpu_bench(args, spec)
     if importlib.util.find_spec("mpi4py") is None:
         print("colls bench: needs mpi4py and mpiexec: pip install 'colls[bench]'", file=sys.stderr)

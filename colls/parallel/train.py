@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 
@@ -252,6 +253,9 @@ def train_command(args: argparse.Namespace) -> int:
         if args.strategy not in DATA_PARALLEL:
             args.parser.error(f"--device cuda: --strategy {args.strategy} runs on the host only; choose "
                               f"one of {', '.join(DATA_PARALLEL)}")
+        if importlib.util.find_spec("cupy") is None:
+            args.parser.error("--device cuda needs cupy and an NVIDIA GPU: pip install cupy-cuda12x (or "
+                              "cupy-cuda13x)")
         transport = "cuda_ipc"   # processes (forked before this process touches the GPU) over CUDA IPC
     results = run(args.strategy, setup, 2 if nprocs is None else nprocs, transport)
     serial = train_serial(setup) if args.check_serial else None
