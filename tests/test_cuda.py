@@ -159,14 +159,26 @@ def test_point_to_point_async_groups_dlpack_and_errors_on_device(n):
     assert done.stdout.count(" 0 problems") == n
 
 
+# the data-parallel loops ran on 2026-12-04's H200; the model-parallel ones were made device-aware
+# after that session's GPU time was spent, and checked on the CPU only (see the issue's note)
+TRAIN_ON_GPU = {
+    "ps": ["-n", "2"], "ddp": ["-n", "2"], "zero1": ["-n", "2"], "zero2": ["-n", "2"], "zero3": ["-n", "2"],
+    "gpipe": ["--pp", "2"], "1f1b": ["--pp", "2"],
+    "interleaved": ["--pp", "2", "--chunks", "2", "--blocks", "4"],
+    "tp": ["--tp", "2"], "dp_tp": ["--dp", "2", "--tp", "2"],
+    "ep": ["--ep", "2", "--experts", "4", "--top-k", "2"],
+    "pp_ep": ["--pp", "2", "--ep", "2", "--experts", "2"], "3d": ["--dp", "2", "--tp", "2", "--pp", "2"],
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy", ["ps", "ddp", "zero1", "zero2", "zero3"])
+@pytest.mark.parametrize("strategy", list(TRAIN_ON_GPU))
 def test_colls_train_on_the_gpu_matches_serial_training_there(strategy, tmp_path):
-    """`colls train --device cuda`: the loops of issue 6 on cupy over cuda_ipc, against serial
+    """`colls train --device cuda`: every training loop on cupy over cuda_ipc, against serial
     training on the same GPU (float64: relative difference <= 1e-10, as on the host)."""
     needs_gpu()
     report_file = tmp_path / "report.json"
-    command = [sys.executable, "-m", "colls.cli", "train", "--strategy", strategy, "-n", "2",
+    command = [sys.executable, "-m", "colls.cli", "train", "--strategy", strategy, *TRAIN_ON_GPU[strategy],
                "--device", "cuda", "--steps", "3", "--check-serial", "--json", str(report_file)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
     sys.stdout.write(done.stdout[-5000:])
@@ -212,7 +224,3 @@ def test_gpu_commands_without_cupy_say_what_to_install():
     assert train.returncode == 2 and "--device cuda needs cupy" in train.stderr
 
 
-def test_model_parallel_strategies_refuse_the_gpu_by_name():
-    done = subprocess.run([sys.executable, "-m", "colls.cli", "train", "--strategy", "tp", "--tp", "2",
-                           "--device", "cuda"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert done.returncode == 2 and "--strategy tp runs on the host only" in done.stderr

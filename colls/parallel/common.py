@@ -49,8 +49,8 @@ class Setup:
     ep: int = 1                     # expert-parallel ranks (experts spread over them)
     micro_batches: int = 4          # pipeline: micro-batches per mini-batch (m)
     chunks: int = 1                 # interleaved pipeline: model chunks per rank (v)
-    device: str = "cpu"             # "cuda": parameters, batches and collectives on cupy (serial,
-                                    # ps, ddp, zero1-3 over the cuda_ipc transport)
+    device: str = "cpu"             # "cuda": parameters, batches and collectives on cupy (ranks over
+                                    # the cuda_ipc transport)
     stage_seconds: float = 0.0      # pipeline: sleep added to every stage's micro-batch forward (backward
                                     # twice that), so stage costs are equal and dominate (bubble checks)
 

@@ -53,6 +53,7 @@ from .common import RunResult, Setup, StepTimer, local_batch, merge_traffic
 from .data import shard_rows
 from .layers import MoE, Routing
 from .model import Model
+from .placement import to_host
 from .serial import Replica
 
 DISPATCHES_PER_BLOCK = 4   # all_to_all_v per MoE block and step: dispatch, combine, and their backward
@@ -150,7 +151,7 @@ def gather(comm, full: Model, local: Model, local_flat: np.ndarray, replicated: 
     """The full parameters on every rank of `comm`: each rank writes its experts (if `experts`) and
     the replicated tensors (if `replicated`: one rank) into zeros, and an all-reduce sums them
     (exact: every element has one writer). Collective over `comm`."""
-    flat = np.zeros(full.layout.total, local_flat.dtype)
+    flat = np.zeros_like(local_flat, shape=full.layout.total)   # on the parameters' device
     for index, layer in enumerate(local.layers):
         target = full.layout.views(flat, index if layer_map is None else layer_map[index])
         for name, view in local.layout.views(local_flat, index).items():
@@ -245,7 +246,8 @@ def train(comm, setup: Setup) -> RunResult:
     ep_comm = comm.split(grid_dp, grid_ep) if dp > 1 else comm
     dp_comm = comm.split(grid_ep, grid_dp) if dp > 1 else None
     full = setup.build()
-    local = Model(setup.model, setup.compute_dtype, layers=expert_parallel_layers(full.layers, ep_comm))
+    local = Model(setup.model, setup.compute_dtype, layers=expert_parallel_layers(full.layers, ep_comm),
+                  device=setup.device)
     replica = Replica(setup, local)
     shard(full, setup.initial_params(full), local, replica.params)
     if replica.master is not None:
@@ -276,7 +278,7 @@ def train(comm, setup: Setup) -> RunResult:
                                                "experts": sum(b - a for a, b in own)},
              "gradient_bytes_per_value": replica.grads.itemsize}
     return RunResult("ep", comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(), 0,
-                     full.layout.pack(final).astype(np.float64), extra=extra)
+                     to_host(full.layout.pack(final)).astype(np.float64), extra=extra)
 
 
 def serial_routing(setup: Setup) -> list[np.ndarray]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import functional as F
-from .placement import scatter_add
+from .placement import like, scatter_add, to_host
 
 Spec = tuple[str, tuple[int, ...], str]   # name, shape, init ("normal", "zeros", "ones")
 
@@ -225,7 +225,9 @@ class MoE:
         return self.shared_specs + self.expert_specs(self.experts)
 
     def route(self, p, h) -> Routing:
-        """Choose experts for the tokens of `h` (G, T, d) and apply the capacity of each group."""
+        """Choose experts for the tokens of `h` (G, T, d) and apply the capacity of each group.
+        The bookkeeping runs on the host (small integer arrays; also for a model on the GPU, whose
+        router probabilities come over once); only the gates go back to `h`'s device."""
         groups, time = h.shape[:2]
         experts, k = self.experts, self.top_k
         if self.router == "uniform":
@@ -233,7 +235,7 @@ class MoE:
             rotation = (np.arange(time)[:, None] + np.arange(k)) % experts
             choices = np.broadcast_to(rotation, (groups, time, k)).copy()
         else:
-            probs = F.softmax(h @ p["router"])
+            probs = to_host(F.softmax(h @ p["router"]))
             choices = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
         picked = np.take_along_axis(probs, choices, -1)
         weights = picked if k == 1 else picked / picked.sum(axis=-1, keepdims=True)
@@ -250,7 +252,8 @@ class MoE:
         fractions = (choices[..., 0][..., None] == np.arange(experts)).mean(axis=1)
         aux = self.aux_alpha * experts * float((fractions * probs.mean(axis=1)).sum()) if groups else 0.0
         return Routing(tokens=group * time + steps, experts=chosen, slots=slots,
-                       gates=weights[group, steps, slots], kept=np.bincount(chosen, minlength=experts),
+                       gates=like(h, weights[group, steps, slots]),
+                       kept=np.bincount(chosen, minlength=experts),
                        routed=np.bincount(order.reshape(-1), minlength=experts), aux=aux, probs=probs,
                        choices=choices, weights=weights, fractions=fractions)
 
@@ -279,7 +282,7 @@ class MoE:
         time = h.shape[1]
         rows_dy = dy.reshape(-1, self.d_model)[routing.tokens]
         drows = self.experts_backward(p, g, cache.expert_cache, rows_dy * routing.gates[:, None])
-        dh = np.zeros((h.shape[0] * time, self.d_model), h.dtype)
+        dh = np.zeros_like(h, shape=(h.shape[0] * time, self.d_model))
         for slot in range(self.top_k):
             mine = routing.slots == slot
             dh[routing.tokens[mine]] += drows[mine]
@@ -287,7 +290,7 @@ class MoE:
         if self.router == "learned":   # the uniform router has no parameters in play
             dweights = np.zeros_like(routing.weights)
             where = (routing.tokens // time, routing.tokens % time, routing.slots)
-            dweights[where] = (rows_dy * cache.out).sum(-1)   # d loss / d gate
+            dweights[where] = to_host((rows_dy * cache.out).sum(-1))   # d loss / d gate (host routing)
             picked = np.take_along_axis(routing.probs, routing.choices, -1)
             if self.top_k > 1:   # gate_j = p_j / sum_i p_i
                 dweights = (dweights - (dweights * routing.weights).sum(-1, keepdims=True)) \
@@ -296,5 +299,6 @@ class MoE:
             np.put_along_axis(dprobs, routing.choices, dweights, -1)
             # d/dP_i of scale * T * alpha * E * sum_i f_i * mean_t p_ti (f_i counts are not differentiable)
             dprobs += cache.scale * self.aux_alpha * self.experts * routing.fractions[:, None, :]
-            dh += F.linear_backward(F.softmax_backward(dprobs, routing.probs), h, p["router"], g["router"])
+            dlogits = like(h, F.softmax_backward(dprobs, routing.probs))
+            dh += F.linear_backward(dlogits, h, p["router"], g["router"])
         return dy + F.layer_norm_backward(dh, cache.ln_cache, g["ln_gamma"], g["ln_beta"])

@@ -33,6 +33,7 @@ from . import functional as F
 from .common import RunResult, Setup, StepTimer, global_batch, merge_traffic, micro_batches, traffic
 from .data import shard_rows
 from .model import Model
+from .placement import contiguous, to_device, to_host
 from .schedule import bubble_formula, bubble_of, schedule, simulate, stash_formula
 from .serial import Replica
 
@@ -74,7 +75,7 @@ class Chunk:
         if self.is_last:
             cross_entropy, dlogits = F.cross_entropy(x, targets, scale)
             return None, loss + cross_entropy, caches + [dlogits]
-        return np.ascontiguousarray(x, model.dtype), loss, caches   # what goes on the wire: compute dtype
+        return contiguous(x, model.dtype), loss, caches   # what goes on the wire: compute dtype
 
     def backward(self, model: Model, flat: np.ndarray, grads: np.ndarray, caches: list, dy):
         """Accumulate the layers' gradients into `grads` (compute dtype); the gradient of the
@@ -84,7 +85,7 @@ class Chunk:
             sink = model.layout.views(grads, index)
             dy = model.layers[index].backward(compute_views(model, flat, index), sink,
                                               caches[index - self.first], dy)
-        return None if dy is None else np.ascontiguousarray(dy, model.dtype)
+        return None if dy is None else contiguous(dy, model.dtype)
 
 
 def compute_views(model: Model, flat: np.ndarray, index: int) -> dict[str, np.ndarray]:
@@ -168,7 +169,8 @@ class PipelineRank:
         self.stages = [c * p + self.stage_rank for c in range(self.v)]
         self.layer_map = [i for g in self.stages for i in self.ranges[g]]
         self.local = Model(setup.model, setup.compute_dtype,
-                           layers=self.plan.layers([self.full.layers[i] for i in self.layer_map]))
+                           layers=self.plan.layers([self.full.layers[i] for i in self.layer_map]),
+                           device=setup.device)
         self.chunks, first = [], 0
         for g in self.stages:
             self.chunks.append(Chunk(g, first, first + len(self.ranges[g]), g == 0, g == p * self.v - 1))
@@ -187,7 +189,7 @@ class PipelineRank:
     def activation(self, rows: int) -> np.ndarray:
         """A buffer for one micro-batch's activations (or their gradient) between stages."""
         cfg = self.setup.model
-        return np.empty((rows, cfg.seq_len, cfg.d_model), self.local.dtype)
+        return self.local.xp.empty((rows, cfg.seq_len, cfg.d_model), self.local.dtype)
 
     def step(self, step: int) -> tuple[float, list, int]:
         """Run the op list on batch `step`: (local loss, timed ops, peak stashed chunk micro-batches).
@@ -250,7 +252,7 @@ def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> Ru
         timelines.append(events)
         stashes.append(peak)
     full = rank.full
-    flat = np.zeros(full.layout.total, replica.params.dtype)
+    flat = np.zeros_like(replica.params, shape=full.layout.total)   # on the parameters' device
     plan.store(full, rank.local, replica.params, flat, rank.layer_map)
     final = comm.all_reduce(flat, out=flat) if comm.size > 1 else flat   # one writer per element
     rows = len(batch_rows(setup, 0, plan.data_rank, plan.data_size)[0])
@@ -263,12 +265,12 @@ def run_pipeline(comm, setup: Setup, strategy: str, inner: int, make_plan) -> Ru
              "local_digest": digest(replica.params),
              "shared_digest": digest(plan.shared(rank.local, replica.params))}
     return RunResult(strategy, comm.rank, comm.size, full.layout.parameters, records, replica.state_bytes(),
-                     0, full.layout.pack(final).astype(np.float64), replicated=False, extra=extra)
+                     0, to_host(full.layout.pack(final)).astype(np.float64), replicated=False, extra=extra)
 
 
 def digest(array: np.ndarray) -> str:
     """A fingerprint of an array's bytes (replicas must agree bit for bit)."""
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(to_host(array)).tobytes()).hexdigest()
 
 
 def batch_rows(setup: Setup, step: int, data_rank: int, data_size: int):
@@ -276,7 +278,7 @@ def batch_rows(setup: Setup, step: int, data_rank: int, data_size: int):
     cfg = setup.model
     tokens, targets = global_batch(setup.seed, step, setup.batch, cfg.seq_len, cfg.vocab)
     rows = shard_rows(setup.batch, data_size, data_rank)
-    return tokens[rows], targets[rows], 1.0 / targets.size
+    return to_device(tokens[rows], setup.device), to_device(targets[rows], setup.device), 1.0 / targets.size
 
 
 def p2p_formula(chunks: list[Chunk], rows: int, row_bytes: int) -> int:

@@ -35,6 +35,17 @@ def to_host(array) -> np.ndarray:
     return array.get() if is_cupy(array) else array
 
 
+def like(reference, array: np.ndarray):
+    """Host `array` where `reference` lives (a copy to the GPU when `reference` is a cupy array)."""
+    return array if module_of(reference) is np else module_of(reference).asarray(array)
+
+
+def contiguous(array, dtype=None):
+    """`array` as a C-contiguous array of `dtype` where it lives (numpy's ascontiguousarray would
+    try to bring a cupy array to the host)."""
+    return module_of(array).ascontiguousarray(array, dtype)
+
+
 def scatter_add(target, indices, values) -> None:
     """target[indices] += values, adding repeated indices up (numpy's and cupy's add.at; before
     cupy 13, cupyx.scatter_add)."""

@@ -52,6 +52,7 @@ from .common import RunResult, Setup, StepRecord, local_batch, nbytes, traffic
 from .data import shard_rows
 from .layers import MLP, Attention, Embedding, Head
 from .model import Layout, ModelConfig
+from .placement import contiguous, to_device, to_host
 
 ALGORITHM = "ring"   # every TP and DP all-reduce: the byte formula below is the ring's
 
@@ -68,12 +69,12 @@ def copy_to_tensor_parallel(x: np.ndarray) -> np.ndarray:
 
 def copy_to_tensor_parallel_backward(comm, dx: np.ndarray) -> np.ndarray:
     """Megatron's f, backward: all-reduce the partial input gradients of the ranks' shards."""
-    return all_reduce(comm, np.ascontiguousarray(dx))
+    return all_reduce(comm, contiguous(dx))
 
 
 def reduce_from_tensor_parallel(comm, partial: np.ndarray) -> np.ndarray:
     """Megatron's g, forward: all-reduce the row-parallel layer's partial outputs."""
-    return all_reduce(comm, np.ascontiguousarray(partial))
+    return all_reduce(comm, contiguous(partial))
 
 
 def reduce_from_tensor_parallel_backward(dy: np.ndarray) -> np.ndarray:
@@ -223,16 +224,15 @@ class TensorParallelStage:
     def shard(self, model_flat: np.ndarray) -> np.ndarray:
         """This rank's local flat buffer from the whole model's flat parameters (serial layout)."""
         full = model_flat[self.full_offset: self.full_offset + self.full_layout.total]
-        local = np.zeros(self.layout.total, model_flat.dtype)
+        local = np.zeros_like(model_flat, shape=self.layout.total)   # on the model's device
         for full_view, local_view, cut in self._pairs(full, local):
-            local_view[...] = full_view if cut is None else np.take(full_view, range(cut[1].start,
-                                                                                     cut[1].stop), cut[0])
+            local_view[...] = full_view if cut is None else full_view[(slice(None),) * cut[0] + (cut[1],)]
         return local
 
     def gather(self, local: np.ndarray) -> np.ndarray:
         """The range's full parameters (serial layout) from every TP rank's local buffer. Each rank
         places its shard in zeros (the replicated tensors only TP rank 0) and a sum adds them: exact."""
-        full = np.zeros(self.full_layout.total, np.float64)
+        full = np.zeros_like(local, shape=self.full_layout.total, dtype=np.float64)
         for full_view, local_view, cut in self._pairs(full, local):
             if cut is None:
                 if self.comm.rank == 0:
@@ -259,7 +259,7 @@ class TensorParallelStage:
             if grads.dtype == self.dtype:
                 dy = self.layers[index].backward(p, sink, caches[index], dy)
             else:   # low-precision gradient buffer: compute in full precision, then add in
-                full = {k: np.zeros(g.shape, self.dtype) for k, g in sink.items()}
+                full = {k: np.zeros_like(g, dtype=self.dtype) for k, g in sink.items()}
                 dy = self.layers[index].backward(p, full, caches[index], dy)
                 for k, g in sink.items():
                     g += full[k]
@@ -301,7 +301,7 @@ def _phase(comm) -> dict[str, int]:
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(to_host(array)).tobytes()).hexdigest()
 
 
 def world_size(strategy: str, setup: Setup) -> int:
@@ -363,7 +363,7 @@ def train(comm, setup: Setup) -> RunResult:
              "optimizer": nbytes(*([] if master is None else [master]), *optimizer.state_arrays)}
     extra = {"dp_index": dp_index, "tp_index": tp_comm.rank, "phases": phases,
              "local_parameters": int(params.size), "replicated_parameters": int(stage.replicated_index.size),
-             "replicated_digest": _digest(params[stage.replicated_index]),
+             "replicated_digest": _digest(params[to_device(stage.replicated_index, setup.device)]),
              "heads": [[layer.heads.start, layer.heads.stop] for layer in stage.layers
                        if isinstance(layer, TensorParallelAttention)][:1],
              "hidden": [[layer.hidden.start, layer.hidden.stop] for layer in stage.layers
@@ -371,7 +371,7 @@ def train(comm, setup: Setup) -> RunResult:
     tp_comm.close()
     dp_comm.close()
     return RunResult(setup_strategy(setup), comm.rank, comm.size, full_model.layout.parameters, records,
-                     state, 0, full, replicated=False, extra=extra)
+                     state, 0, to_host(full), replicated=False, extra=extra)
 
 
 def setup_strategy(setup: Setup) -> str:
