@@ -36,7 +36,7 @@ import numpy as np
 from .base import Exchange, Reducer, Request, Transport
 from .errors import TransportError
 from .segment import Segment
-from .shm import ShmTransport, _Fifo, _fifo_bytes, check_chunk, serve_stashed, shm_group, take_posted
+from .shm import ShmTransport, _Fifo, _fifo_bytes, chunk_mismatch, serve_stashed, shm_group, take_posted
 
 MiB = 1 << 20
 DEFAULT_SLOTS = 4
@@ -347,7 +347,9 @@ class CudaIpcTransport(ShmTransport):
                 if request is None:
                     break                        # nobody wants it yet: leave it in the FIFO
                 self.device_current[peer] = request
-            check_chunk(self.rank, peer, request, (tag, message_bytes, offset, n), self.device_chunk)
+            if (offset != request.pos or n < 0 or n > self.device_chunk or offset + n > message_bytes
+                    or message_bytes != request.nbytes or tag != request.tag):
+                raise chunk_mismatch(self.rank, peer, request, (tag, message_bytes, offset, n))
             if n:
                 self._consume(peer, slot, request, n)
             request.pos += n

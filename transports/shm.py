@@ -567,7 +567,9 @@ class ShmTransport(Transport):
                 self._read_rendezvous(peer, request, offset)
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
                 continue
-            check_chunk(self.rank, peer, request, (tag, message_bytes, offset, n), self.chunk)
+            if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
+                    or message_bytes != request.nbytes or tag != request.tag):   # inline: every chunk
+                raise chunk_mismatch(self.rank, peer, request, (tag, message_bytes, offset, n))
             request.take(fifo.data[slot, :n])
             tail += 1
             fifo.control[8] = tail
@@ -690,17 +692,15 @@ class ShmTransport(Transport):
         self.segment.close()
 
 
-def check_chunk(rank: int, peer: int, request: Request, header: tuple[int, int, int, int],
-                chunk_bytes: int) -> None:
-    """CollectiveMismatch unless a FIFO chunk's header (tag, message bytes, offset, chunk bytes)
-    continues `request`, the receive it is matched to, where it stopped."""
+def chunk_mismatch(rank: int, peer: int, request: Request, header: tuple[int, int, int, int]
+                   ) -> CollectiveMismatch:
+    """The error for a FIFO chunk whose header (tag, message bytes, offset, chunk bytes) does not
+    continue `request`, the receive it was matched to, where it stopped."""
     tag, message_bytes, offset, n = header
-    if (offset != request.pos or n < 0 or n > chunk_bytes or offset + n > message_bytes
-            or message_bytes != request.nbytes or tag != request.tag):
-        raise CollectiveMismatch(
-            f"rank {rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) but rank "
-            f"{peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset {offset}, {n} B): "
-            f"the ranks called different operations")
+    return CollectiveMismatch(
+        f"rank {rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) but rank "
+        f"{peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset {offset}, {n} B): "
+        f"the ranks called different operations")
 
 
 def take_posted(posted: list, rank: int, peer: int, tag: int, message_bytes: int):
