@@ -389,6 +389,9 @@ class CudaIpcTransport(ShmTransport):
     def _serve_device_stash(self, peer: int) -> None:
         """Complete posted device receives from fully stashed messages with their tag, oldest first
         (the rare path: point-to-point messages taken out of tag order)."""
+        if not self.device_stashed[peer]:
+            return
+
         def deliver(request: _DeviceIn, stash: _DeviceIn) -> None:
             if request.nbytes:
                 if request.reducer is None:

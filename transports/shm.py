@@ -598,6 +598,9 @@ class ShmTransport(Transport):
 
     def _serve_stash(self, peer: int) -> None:
         """Complete posted receives from fully stashed messages with their tag, oldest first."""
+        if not self.stashed[peer]:
+            return   # the usual case, on every posted receive: nothing was taken aside
+
         def deliver(request: _In, stash: _In) -> None:
             request.take(stash.data)
             request.done = True
