@@ -216,7 +216,15 @@ class CudaIpcTransport(ShmTransport):
         if buf.device.id != self.device:
             raise TypeError(f"{what}: rank {self.rank}'s buffer is on device {buf.device.id}; this "
                             f"transport moves buffers of device {self.device}")
+        self._use_device()
         return True
+
+    def _use_device(self) -> None:
+        """Make the transport's device the calling thread's (cupy's current device is per thread: an
+        async call runs on the communicator's worker thread, whose device is 0 until set)."""
+        runtime = self.cupy.cuda.runtime
+        if runtime.getDevice() != self.device:
+            runtime.setDevice(self.device)
 
     def isend(self, buf, peer: int, tag: int) -> Request:
         if not self._on_device(buf, "cuda_ipc send"):
@@ -263,6 +271,7 @@ class CudaIpcTransport(ShmTransport):
     def progress(self) -> bool:
         moved = super().progress()
         if self.device_out or self.device_in:
+            self._use_device()
             for peer in tuple(self.device_out):
                 moved |= self._device_push(peer)
             for peer in tuple(self.device_in):
