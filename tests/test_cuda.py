@@ -64,6 +64,12 @@ def run_ranks(n: int, *args: str, timeout: float = 600) -> subprocess.CompletedP
     return done
 
 
+def assert_every_rank(done: subprocess.CompletedProcess, n: int, verdict: str, why: str) -> None:
+    """The job succeeded and each of its `n` ranks printed `verdict`."""
+    assert done.returncode == 0, why
+    assert done.stdout.count(verdict) == n
+
+
 # -- CPU side: runs everywhere ---------------------------------------------------------------------
 
 def test_geometry_gives_each_sender_four_slots_within_a_64th_of_the_device():
@@ -125,9 +131,7 @@ def test_launcher_and_init_know_the_transport():
 def test_every_collective_and_algorithm_on_device_buffers_matches_numpy(n):
     """counts {0, 1, 7, 2^20 + 3} x float32/float16/int32, every algorithm, exact."""
     needs_gpu()
-    done = run_ranks(n, "matrix", timeout=480)
-    assert done.returncode == 0, "some cases failed (FAIL lines above)"
-    assert done.stdout.count(" 0 failures") == n
+    assert_every_rank(run_ranks(n, "matrix", timeout=480), n, " 0 failures", "FAIL lines above")
 
 
 @pytest.mark.gpu
@@ -137,26 +141,21 @@ def test_every_collective_at_64_mib_on_device_buffers_matches_numpy(n):
     """The 64 MiB count of the matrix (float32: 16 Mi elements; the dtypes alike), every algorithm."""
     needs_gpu()
     done = run_ranks(n, "matrix", str(16 << 20), timeout=480)
-    assert done.returncode == 0, "some cases failed (FAIL lines above)"
-    assert done.stdout.count(" 0 failures") == n
+    assert_every_rank(done, n, " 0 failures", "FAIL lines above")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [2, 3])
 def test_ddp_on_cupy_equals_serial_training(n):
     needs_gpu()
-    done = run_ranks(n, "ddp", timeout=300)
-    assert done.returncode == 0
-    assert done.stdout.count("identical on every rank: True") == n
+    assert_every_rank(run_ranks(n, "ddp", timeout=300), n, "identical on every rank: True", "ddp != serial")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [2, 4])
 def test_point_to_point_async_groups_dlpack_and_errors_on_device(n):
     needs_gpu()
-    done = run_ranks(n, "checks", timeout=300)
-    assert done.returncode == 0, "FAIL lines above"
-    assert done.stdout.count(" 0 problems") == n
+    assert_every_rank(run_ranks(n, "checks", timeout=300), n, " 0 problems", "FAIL lines above")
 
 
 # the data-parallel loops ran on 2026-12-04's H200; the model-parallel ones were made device-aware
