@@ -10,7 +10,7 @@ import numpy as np
 
 from transports.base import Channel
 
-from .blocks import bounds
+from .blocks import BlockSchedule, bounds, run_block_schedule
 from .registry import register
 
 
@@ -29,12 +29,25 @@ def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int],
         channel.exchange(outgoing, right, buf[starts[recv_block]:starts[recv_block + 1]], left)
 
 
-@register("all_gather", "ring", "n-1 steps around the ring, each forwarding the block it last received")
+def ring_schedule(rank: int, size: int, count: int) -> BlockSchedule:
+    """`ring_all_gather_phase`'s steps after my block's copy, for blocks of `count` elements: my own
+    block goes out first from `send`, then each block received last step from `out`."""
+    starts = bounds(size * count, size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    def block(index: int) -> slice:
+        return slice(starts[index % size], starts[index % size + 1])
+
+    return BlockSchedule(slice(None), block(rank), tuple(
+        (right, step > 0, block(rank - step) if step else slice(None), left, block(rank - step - 1))
+        for step in range(size - 1)))
+
+
+@register("all_gather", "ring", "n-1 steps around the ring, each forwarding the block it last received",
+          schedule=ring_schedule)
 def ring(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     """Ring all-gather of equal blocks `send` into `out` (length size * len(send))."""
-    starts = bounds(out.shape[0], channel.size)
-    np.copyto(out[starts[channel.rank]:starts[channel.rank + 1]], send)
-    ring_all_gather_phase(channel, out, starts, send)
+    run_block_schedule(channel, send, out, ring_schedule(channel.rank, channel.size, send.shape[0]))
 
 
 @register("all_gather", "recursive_doubling",

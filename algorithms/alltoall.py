@@ -7,6 +7,7 @@ import numpy as np
 from transports.base import Channel
 
 from .allreduce import recursive_doubling
+from .blocks import BlockSchedule, run_block_schedule
 from .ops import MAX
 from .registry import register
 
@@ -53,12 +54,23 @@ def direct_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_st
     channel.wait(*receives, *sends)
 
 
+def pairwise_schedule(rank: int, size: int, count: int) -> BlockSchedule:
+    """`pairwise_v`'s schedule for equal blocks of a `count`-element send buffer."""
+    block = count // size
+
+    def of(peer: int) -> slice:
+        return slice(peer * block, (peer + 1) * block)
+
+    pairs = [((rank + step) % size, (rank - step) % size) for step in range(1, size)]
+    return BlockSchedule(of(rank), of(rank), tuple((dst, False, of(dst), src, of(src)) for dst, src in pairs))
+
+
 @register("all_to_all", "pairwise",
-          "n-1 steps; in step s rank r sends to r+s and receives from r-s, one pair at a time")
+          "n-1 steps; in step s rank r sends to r+s and receives from r-s, one pair at a time",
+          schedule=pairwise_schedule)
 def pairwise(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
-    """Pairwise exchange of equal blocks."""
-    counts, starts = _equal_blocks(send, channel.size)
-    pairwise_v(channel, send, counts, starts, out, counts, starts)
+    """Pairwise exchange of equal blocks (`pairwise_v` with every count equal)."""
+    run_block_schedule(channel, send, out, pairwise_schedule(channel.rank, channel.size, send.shape[0]))
 
 
 @register("all_to_all", "direct", "post every send and receive at once, then wait for them all")

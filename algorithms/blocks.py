@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import faults
 
@@ -79,3 +80,21 @@ def unfold_rank(new_rank: int, size: int) -> int:
     power = 1 << (size.bit_length() - 1)
     remainder = size - power
     return 2 * new_rank + 1 if new_rank < remainder else new_rank + remainder
+
+
+class BlockSchedule(NamedTuple):
+    """An all_gather's or all_to_all's schedule for one rank, as slices of its flat `send` and `out`:
+    the own block's copy, then one sendrecv per step. Worked out once per call signature when the
+    call is planned (`colls.describe.Plan`), so that a later call only slices and moves."""
+
+    copy_from: slice   # of send
+    copy_to: slice     # of out
+    # (destination, whether the outgoing slice is of out (else of send), outgoing, source, incoming)
+    steps: tuple[tuple[int, bool, slice, int, slice], ...]
+
+
+def run_block_schedule(channel, send, out, schedule: BlockSchedule) -> None:
+    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`."""
+    out[schedule.copy_to] = send[schedule.copy_from]
+    for dst, from_out, outgoing, src, incoming in schedule.steps:
+        channel.exchange((out if from_out else send)[outgoing], dst, out[incoming], src)

@@ -20,19 +20,24 @@ class Algorithm:
     # all_reduce: (rank, size, op) -> the schedule as ((peer, fold), ...) exchanges in place, or None
     # where it is more than that; what a planned call runs without the algorithm's frames
     exchanges: Callable | None = None
+    # all_gather, all_to_all: (rank, size, count) -> `blocks.BlockSchedule` over the flat buffers
+    # (count: the elements of send), or None where it is more than a copy and sendrecvs; a planned
+    # call works it out once and runs it without the algorithm's frames
+    schedule: Callable | None = None
 
 
 CATALOGUE: dict[str, dict[str, Algorithm]] = {}
 
 
 def register(collective: str, name: str, summary: str, *, commutative_only: bool = False,
-             reads_input_only: bool = False, takes_source: bool = False, exchanges: Callable | None = None):
+             reads_input_only: bool = False, takes_source: bool = False, exchanges: Callable | None = None,
+             schedule: Callable | None = None):
     """Decorator adding an algorithm function to the catalogue under (collective, name)."""
 
     def add(fn: Callable) -> Callable:
         CATALOGUE.setdefault(collective, {})[name] = Algorithm(collective, name, fn, summary,
                                                                commutative_only, reads_input_only,
-                                                               takes_source, exchanges)
+                                                               takes_source, exchanges, schedule)
         return fn
 
     return add

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.blocks import run_block_schedule
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
@@ -142,9 +143,14 @@ class Communicator(Collectives):
         else:
             return None
         channel = self._aim_plan(plan, timeout)
+        schedule = plan.exchanges
         with self._executor.lock:
             try:
-                plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
+                if schedule is None:
+                    plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
+                else:   # the algorithm's copy and exchanges, worked out when the plan was made
+                    run_block_schedule(channel, send if send.ndim == 1 else send.reshape(-1),
+                                       work if work.ndim == 1 else work.reshape(-1), schedule)
             except BaseException as error:
                 self._broken(plan.description(), error)
                 raise
@@ -156,8 +162,9 @@ class Communicator(Collectives):
         unless the algorithm was forced or is the hierarchical one (which builds its levels)."""
         if (forced is None and algorithm.name != "hierarchical"
                 and (collective, x.dtype, x.shape) not in self._check.block_plans):
+            schedule = algorithm.schedule and algorithm.schedule(self.rank, self.size, x.size)
             self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
-                                             out_shape=out_shape))
+                                             schedule, out_shape=out_shape))
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""

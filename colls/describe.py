@@ -88,7 +88,9 @@ class Plan:
         self.shape = shape
         self.dtype = dtype
         self.group = group
-        self.exchanges = exchanges   # all_reduce: the algorithm as in-place exchanges, if only that
+        # all_reduce: the algorithm as in-place exchanges, if only that; all_gather, all_to_all: its
+        # `algorithms.blocks.BlockSchedule`, if it has one
+        self.exchanges = exchanges
         self.out_shape = shape if out_shape is None else out_shape
         self.seq = -1   # the number of the call running now (set by the communicator on each call)
 

@@ -165,12 +165,20 @@ def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_
         assert all(checks), (rank, checks)
 
 
-def _later_calls_take_the_plan(comm) -> list[int]:
-    """After one call each, the plans' algorithms are swapped for recording ones: later calls of
-    the same signature must run them (and still be right)."""
+def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
+    """After one call each, the plans' algorithms (or the schedules they hold) are swapped for
+    recording ones: later calls of the same signature must run them (and still be right)."""
     from dataclasses import replace
 
-    ran = []
+    ran, scheduled = [], []
+
+    class Recording(tuple):
+        name = ""
+
+        def __iter__(self):
+            ran.append(self.name)
+            return super().__iter__()
+
     x = np.arange(4 * comm.size, dtype=np.float32) + comm.rank
     for collective in ("all_gather", "all_to_all"):
         getattr(comm, collective)(x)
@@ -182,14 +190,24 @@ def _later_calls_take_the_plan(comm) -> list[int]:
             return run(*args)
 
         plan.algorithm = replace(plan.algorithm, run=recording)
+        scheduled.append(plan.exchanges is not None)
+        if plan.exchanges is not None:   # the schedule runs, not the algorithm's function
+            steps = Recording(plan.exchanges.steps)
+            steps.name = collective
+            plan.exchanges = plan.exchanges._replace(steps=steps)
     want = np.concatenate([np.arange(4 * comm.size, dtype=np.float32) + r for r in range(comm.size)])
     assert np.array_equal(comm.all_gather(x), want)
     assert np.array_equal(comm.all_to_all(x), want.reshape(comm.size, -1)[:, 4 * comm.rank:4 * comm.rank + 4]
                           .reshape(-1))
     comm.all_gather(x, algorithm="ring")   # a forced algorithm takes the full path
-    return ran
+    return ran, scheduled
 
 
-def test_later_calls_of_a_signature_run_the_planned_algorithm():
+@pytest.mark.parametrize("pinned, scheduled", [("all_gather:ring;all_to_all:pairwise", True),
+                                               ("all_gather:bruck;all_to_all:direct", False)])
+def test_later_calls_of_a_signature_run_the_planned_algorithm(pinned, scheduled, monkeypatch):
+    """Ring and pairwise are planned as their schedules (copy and exchanges worked out once), the
+    others as their functions; either way a later call runs what the plan holds."""
+    monkeypatch.setenv("COLLS_ALGO", pinned)   # chosen, not forced by `algorithm=`: planned
     assert colls.spawn(_later_calls_take_the_plan, 2, transport="shm", timeout=30) == [
-        ["all_gather", "all_to_all"]] * 2
+        (["all_gather", "all_to_all"], [scheduled, scheduled])] * 2
