@@ -50,8 +50,51 @@ def ring(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     run_block_schedule(channel, send, out, ring_schedule(channel.rank, channel.size, send.shape[0]))
 
 
+def _doubling_steps(rank: int, size: int) -> list[tuple[int, int, int, int, int]]:
+    """Recursive doubling's exchanges for `rank` of `size`, as (partner, first and last block I
+    send, first and last block I take): empty for an even rank folded out (see `recursive_doubling`)."""
+    participants = 1 << (size.bit_length() - 1)
+    extra = size - participants
+    if rank < 2 * extra and rank % 2 == 0:
+        return []
+
+    def first_block(virtual: int) -> int:
+        """The first real block held by virtual rank `virtual` (virtual ranks below `extra` hold two)."""
+        return virtual + min(virtual, extra)
+
+    virtual = rank // 2 if rank < 2 * extra else rank - extra
+    steps = []
+    distance = 1
+    while distance < participants:
+        mine = virtual & ~(distance - 1)
+        theirs = mine ^ distance
+        peer = virtual ^ distance
+        partner = 2 * peer + 1 if peer < extra else peer + extra
+        # the run of blocks my group of `distance` virtual ranks holds; the partner group's
+        steps.append((partner, first_block(mine), first_block(mine + distance),
+                      first_block(theirs), first_block(theirs + distance)))
+        distance <<= 1
+    return steps
+
+
+def doubling_schedule(rank: int, size: int, count: int) -> BlockSchedule | None:
+    """`recursive_doubling` as a schedule where it is only exchanges: n a power of two."""
+    if size & (size - 1):
+        return None
+
+    def blocks(first: int, last: int) -> slice:
+        return slice(first * count, last * count)
+
+    own = (rank, rank + 1)   # sent from `send`, as the algorithm does (its docstring says why)
+    return BlockSchedule(slice(None), blocks(*own), tuple(
+        (partner, (first, last) != own, slice(None) if (first, last) == own else blocks(first, last),
+         partner, blocks(theirs, their_last))
+        for partner, first, last, theirs, their_last in _doubling_steps(rank, size)))
+
+
 @register("all_gather", "recursive_doubling",
-          "log2 n steps exchanging doubling halves with rank r xor 2^k; non-powers of two fold in first")
+          "log2 n steps exchanging doubling halves with rank r xor 2^k; non-powers of two fold in first",
+          schedule=doubling_schedule)
 def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     """Recursive-doubling all-gather (Thakur, Rabenseifner & Gropp 2005, section 3.1), any n.
 
@@ -66,13 +109,12 @@ def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> N
     """
     rank, size = channel.rank, channel.size
     block = send.shape[0]
+    schedule = doubling_schedule(rank, size, block)
+    if schedule is not None:
+        run_block_schedule(channel, send, out, schedule)
+        return
     np.copyto(out[rank * block:(rank + 1) * block], send)
-    participants = 1 << (size.bit_length() - 1)
-    extra = size - participants
-
-    def first_block(virtual: int) -> int:
-        """The first real block held by virtual rank `virtual` (virtual ranks below `extra` hold two)."""
-        return virtual + min(virtual, extra)
+    extra = size - (1 << (size.bit_length() - 1))
 
     def blocks(first: int, last: int) -> np.ndarray:
         return out[first * block:last * block]
@@ -85,18 +127,9 @@ def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> N
     if rank < 2 * extra:
         # fold: take my even neighbour's block, which sits just below mine
         channel.wait(channel.recv(blocks(rank - 1, rank), rank - 1))
-    virtual = rank // 2 if rank < 2 * extra else rank - extra
-    distance = 1
-    while distance < participants:
-        mine = virtual & ~(distance - 1)
-        theirs = mine ^ distance
-        peer = virtual ^ distance
-        partner = 2 * peer + 1 if peer < extra else peer + extra
-        # send the run of blocks my group of `distance` virtual ranks holds; take the partner group's
-        first, last = first_block(mine), first_block(mine + distance)
+    for partner, first, last, theirs, their_last in _doubling_steps(rank, size):
         channel.exchange(send if (first, last) == (rank, rank + 1) else blocks(first, last), partner,
-                         blocks(first_block(theirs), first_block(theirs + distance)), partner)
-        distance <<= 1
+                         blocks(theirs, their_last), partner)
     if rank < 2 * extra:
         # unfold: my even neighbour lacks every block but its own
         channel.wait(*[channel.send(blocks(lo, hi), rank - 1) for lo, hi in _around(rank - 1, size)])
