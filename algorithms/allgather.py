@@ -6,6 +6,8 @@ receives (n-1)/n of the output; they differ in how many steps that takes (latenc
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from transports.base import Channel
@@ -31,7 +33,8 @@ def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int],
 
 def ring_schedule(rank: int, size: int, count: int) -> BlockSchedule:
     """`ring_all_gather_phase`'s steps after my block's copy, for blocks of `count` elements: my own
-    block goes out first from `send`, then each block received last step from `out`."""
+    block goes out first from `send`, then each block received last step from `out`. (Not cached as
+    the others are: `bounds` may plant a fault, see `algorithms.faults`.)"""
     starts = bounds(size * count, size)
     right, left = (rank + 1) % size, (rank - 1) % size
 
@@ -77,6 +80,7 @@ def _doubling_steps(rank: int, size: int) -> list[tuple[int, int, int, int, int]
     return steps
 
 
+@lru_cache(maxsize=256)
 def doubling_schedule(rank: int, size: int, count: int) -> BlockSchedule | None:
     """`recursive_doubling` as a schedule where it is only exchanges: n a power of two."""
     if size & (size - 1):

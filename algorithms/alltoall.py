@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from transports.base import Channel
@@ -54,6 +56,7 @@ def direct_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_st
     channel.wait(*receives, *sends)
 
 
+@lru_cache(maxsize=256)
 def pairwise_schedule(rank: int, size: int, count: int) -> BlockSchedule:
     """`pairwise_v`'s schedule for equal blocks of a `count`-element send buffer."""
     block = count // size

@@ -1,13 +1,19 @@
-"""Where a small all-reduce's time goes, layer by layer, beside MPI's Allreduce.
+"""Where a small collective's time goes, layer by layer, beside MPI's own.
 
 Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/latency_layers.py [--bytes 8] [--calls 2000]
+     [--collective all_reduce|all_to_all|all_gather]
 
 Each layer is timed alone in a loop of `--calls` back-to-back calls, the layers taking turns in 15
 rounds (medians over rounds, rank 0's clock):
-- full: `comm.all_reduce(x, out=out)`, the public call (planned after its first call);
-- planned: the communicator's planned path alone (`_run_planned`), without the argument checks;
-- algorithm: recursive doubling on the communicator's channel, without the communicator;
-- MPI: mpi4py's `Allreduce` on the same buffers.
+- full: `comm.all_reduce(x, out=out)` (or all_to_all, all_gather), the public call (planned after
+  its first call);
+- planned (all_reduce): the communicator's planned path alone (`_run_planned`), without the
+  argument checks;
+- schedule (all_to_all, all_gather, where the algorithm has one): the plan's copy and exchanges
+  (`run_block_schedule`) on the communicator's channel, without the communicator;
+- algorithm: the planned algorithm's function on the communicator's channel;
+- MPI: mpi4py's `Allreduce` (`Alltoall`, `Allgather`) on the same buffers.
+`--bytes` is the per-rank buffer (all_gather: the output, as in colls bench).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from mpi4py import MPI
 
 import colls
 from algorithms import SUM
+from algorithms.blocks import run_block_schedule
 
 
 def per_call(fn, calls: int) -> float:
@@ -34,31 +41,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=8)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--collective", choices=("all_reduce", "all_to_all", "all_gather"),
+                        default="all_reduce")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     comm = colls.init()
-    x = np.zeros(max(1, args.bytes // 4), np.float32)   # zeros: sums stay exact call after call
-    out, theirs = np.empty_like(x), np.empty_like(x)
-    comm.all_reduce(x, out=out)   # the first call makes the plan the later ones take
-    plan = comm._check.plans[(SUM, x.dtype, x.shape)]
     channel = comm._channel
 
-    def algorithm() -> None:
+    def aimed() -> None:
         channel.deadline = time.monotonic() + 60
-        plan.algorithm.run(channel, out, SUM)
 
-    layers = {"full": lambda: comm.all_reduce(x, out=out),
-              "planned": lambda: comm._run_planned(plan, x, out, None),
-              "algorithm": algorithm,
-              "MPI": lambda: world.Allreduce(x, theirs)}
+    if args.collective == "all_reduce":
+        x = np.zeros(max(1, args.bytes // 4), np.float32)   # zeros: sums stay exact call after call
+        out, theirs = np.empty_like(x), np.empty_like(x)
+        comm.all_reduce(x, out=out)   # the first call makes the plan the later ones take
+        plan = comm._check.plans[(SUM, x.dtype, x.shape)]
+        layers = {"full": lambda: comm.all_reduce(x, out=out),
+                  "planned": lambda: comm._run_planned(plan, x, out, None),
+                  "algorithm": lambda: (aimed(), plan.algorithm.run(channel, out, SUM)),
+                  "MPI": lambda: world.Allreduce(x, theirs)}
+    else:
+        size = world.Get_size()
+        gather = args.collective == "all_gather"
+        count = max(size, args.bytes // 4 // size * size)
+        x = np.ones(count // size if gather else count, np.float32)
+        out, theirs = np.empty(count, np.float32), np.empty(count, np.float32)
+        call = getattr(comm, args.collective)
+        call(x, out=out)
+        plan = comm._check.block_plans[(args.collective, x.dtype, x.shape)]
+        layers = {"full": lambda: call(x, out=out)}
+        if plan.exchanges is not None:
+            layers["schedule"] = lambda: (aimed(), run_block_schedule(channel, x, out, plan.exchanges))
+        layers["algorithm"] = lambda: (aimed(), plan.algorithm.run(channel, x, out))
+        layers["MPI"] = ((lambda: world.Allgather(x, theirs)) if gather else
+                         (lambda: world.Alltoall(x, theirs)))
     times: dict[str, list[float]] = {name: [] for name in layers}
     for _ in range(15):
         for name, fn in layers.items():
             world.Barrier()
             times[name].append(per_call(fn, args.calls))
     if world.Get_rank() == 0:
-        print(f"# {x.nbytes} B all-reduce, {world.Get_size()} ranks over {comm.transport.name}, "
-              f"medians of 15 rounds of {args.calls} calls")
+        print(f"# {out.nbytes} B {args.collective} ({plan.algorithm.name}), {world.Get_size()} ranks over "
+              f"{comm.transport.name}, medians of 15 rounds of {args.calls} calls")
         for name, values in times.items():
             print(f"{name:<10} {np.median(values) * 1e6:6.2f} us")
     comm.close()
