@@ -80,11 +80,17 @@ class Collectives:
                   algorithm: str | None = None, async_op: bool = False,
                   timeout: float | None = None) -> Result:
         """Copy the root's `x` to every rank; all ranks pass arrays of the same shape and dtype."""
+        planned = self._run_planned_broadcast(x, root, out, algorithm, async_op, timeout)
+        if planned is not None:   # a signature seen before: see `Plan`
+            return planned
         check = self._check
         x = check.array("broadcast", x)
         root = check.root("broadcast", root)
         algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
         result, work = check.result("broadcast", out, x.shape, x.dtype, like=x)
+        if (algorithm is None and algo.name != "hierarchical"
+                and (x.dtype, x.shape, root) not in check.broadcast_plans):   # later calls: planned
+            check.keep_block_plan(Plan("broadcast", None, algo, x.shape, x.dtype, self.name, root=root))
         if self.rank == root and work is not x:
             np.copyto(work, x)
         flat = work.reshape(-1)

@@ -156,6 +156,34 @@ class Communicator(Collectives):
                 raise
         return work
 
+    def _run_planned_broadcast(self, x: object, root: object, out: object, algorithm: str | None,
+                               async_op: bool, timeout: float | None) -> np.ndarray | None:
+        """A blocking broadcast whose signature (dtype, shape, root) a call before it planned, run
+        on that plan; None: the full path (as `_run_planned_blocks`)."""
+        if algorithm is not None or async_op or type(x) is not np.ndarray or type(root) is not int:
+            return None
+        plan = self._check.broadcast_plans.get((x.dtype, x.shape, root))
+        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
+                or self.closed):
+            return None
+        if out is None:
+            work = np.empty(x.shape, x.dtype)
+        elif out is x or (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
+                          and out.flags.c_contiguous and out.flags.writeable):
+            work = out
+        else:
+            return None
+        if work is not x and self.rank == root:
+            work[...] = x
+        channel = self._aim_plan(plan, timeout)
+        with self._executor.lock:
+            try:
+                plan.algorithm.run(channel, work if work.ndim == 1 else work.reshape(-1), root)
+            except BaseException as error:
+                self._broken(plan.description(), error)
+                raise
+        return work
+
     def _keep_block_plan(self, collective: str, x: np.ndarray, forced: str | None, algorithm,
                          out_shape: tuple[int, ...]) -> None:
         """After the full checks of an all_gather or all_to_all: plan its signature's later calls,

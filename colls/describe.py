@@ -77,11 +77,11 @@ class Plan:
     own software."""
 
     __slots__ = ("collective", "op", "algorithm", "shape", "dtype", "group", "exchanges", "out_shape",
-                 "seq")
+                 "root", "seq")
 
     def __init__(self, collective: str, op: Op | None, algorithm: Algorithm, shape: tuple[int, ...],
                  dtype: np.dtype, group: str, exchanges: tuple | None = None,
-                 out_shape: tuple[int, ...] | None = None) -> None:
+                 out_shape: tuple[int, ...] | None = None, root: int | None = None) -> None:
         self.collective = collective
         self.op = op
         self.algorithm = algorithm
@@ -92,12 +92,13 @@ class Plan:
         # `algorithms.blocks.BlockSchedule`, if it has one
         self.exchanges = exchanges
         self.out_shape = shape if out_shape is None else out_shape
+        self.root = root   # broadcast: the root the plan was made for
         self.seq = -1   # the number of the call running now (set by the communicator on each call)
 
     def description(self) -> Description:
         """The running call's `Description`, made only when something needs it (an error)."""
         count = int(np.prod(self.shape, dtype=np.int64))
-        return Description(self.collective, self.dtype, count, None, self.op and self.op.name,
+        return Description(self.collective, self.dtype, count, self.root, self.op and self.op.name,
                            self.algorithm.name, self.seq, self.group)
 
     def __str__(self) -> str:
@@ -122,6 +123,7 @@ class Validator:
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
         self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
         self.block_plans: dict[tuple, Plan] = {}   # (collective, dtype, shape): all_gather, all_to_all
+        self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root)
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -252,10 +254,15 @@ class Validator:
             self.plans[signature] = plan
 
     def keep_block_plan(self, plan: Plan) -> None:
-        """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape)."""
-        if len(self.block_plans) > 4096:
-            self.block_plans.clear()
-        self.block_plans[plan.collective, plan.dtype, plan.shape] = plan
+        """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape), or
+        for broadcasts of its (dtype, shape, root)."""
+        if plan.collective == "broadcast":
+            plans, key = self.broadcast_plans, (plan.dtype, plan.shape, plan.root)
+        else:
+            plans, key = self.block_plans, (plan.collective, plan.dtype, plan.shape)
+        if len(plans) > 4096:
+            plans.clear()
+        plans[key] = plan
 
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:

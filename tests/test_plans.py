@@ -165,6 +165,40 @@ def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_
         assert all(checks), (rank, checks)
 
 
+def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
+    """Broadcasts of one shape from two roots, three times each, with each kind of `out`: the later
+    calls run planned (one plan per root), and give what the first did."""
+    x = np.arange(12, dtype=np.int64).reshape(4, 3) + 100 * comm.rank
+    ok = []
+    for root in (0, comm.size - 1):
+        want = np.arange(12, dtype=np.int64).reshape(4, 3) + 100 * root
+        for _ in range(3):
+            got = comm.broadcast(x, root=root)
+            untouched = np.array_equal(x, want + 100 * (comm.rank - root))
+            ok.append(np.array_equal(got, want) and got is not x and untouched)
+            out = np.full(x.shape, -1, np.int64)
+            ok.append(comm.broadcast(x, root=root, out=out) is out and np.array_equal(out, want))
+            y = x.copy()
+            ok.append(comm.broadcast(y, root=root, out=y) is y and np.array_equal(y, want))   # in place
+            strided = np.full((4, 6), -1, np.int64)[:, ::2]                 # the full path copies back
+            ok.append(comm.broadcast(x, root=root, out=strided) is strided and np.array_equal(strided, want))
+            with pytest.raises(colls.InvalidArgument, match="shape"):
+                comm.broadcast(x, root=root, out=np.empty((5, 3), np.int64))   # a wrong out: named
+            with pytest.raises(colls.InvalidArgument, match="root"):
+                comm.broadcast(x, root=comm.size)              # a bad root: named, planned or not
+    ok.append(comm.stats()["broadcast"]["calls"] == 24)
+    ok.append(sorted(root for _, _, root in comm._check.broadcast_plans) == sorted({0, comm.size - 1}))
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_planned_broadcasts_give_the_roots_buffer_for_every_kind_of_buffer(transport, size):
+    for rank, checks in enumerate(colls.spawn(_broadcasts_every_kind_of_buffer, size, transport=transport,
+                                              timeout=60)):
+        assert all(checks), (rank, checks)
+
+
 def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
     """After one call each, the plans' algorithms (or the schedules they hold) are swapped for
     recording ones: later calls of the same signature must run them (and still be right)."""
