@@ -130,7 +130,7 @@ def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> N
         return
     if rank < 2 * extra:
         # fold: take my even neighbour's block, which sits just below mine
-        channel.wait(channel.recv(blocks(rank - 1, rank), rank - 1))
+        channel.receive(blocks(rank - 1, rank), rank - 1)
     for partner, first, last, theirs, their_last in _doubling_steps(rank, size):
         channel.exchange(send if (first, last) == (rank, rank + 1) else blocks(first, last), partner,
                          blocks(theirs, their_last), partner)

@@ -67,7 +67,7 @@ def parameter_server(channel: Channel, buf: np.ndarray, op: Op) -> None:
         # the server answers every worker with the global result
         channel.wait(*[channel.send(buf, worker) for worker in range(channel.size) if worker != server_rank])
     else:
-        channel.wait(channel.recv(buf, server_rank))
+        channel.receive(buf, server_rank)
 
 
 @register("all_reduce", "ps_sharded",
@@ -85,7 +85,7 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
     # as server of my block: fold in the lower ranks' copies on the left, the higher ranks' on the right
     scratch = np.empty_like(block(rank))
     for peer in list(range(rank - 1, -1, -1)) + list(range(rank + 1, size)):
-        channel.wait(channel.recv(scratch, peer))
+        channel.receive(scratch, peer)
         (op.into_right if peer < rank else op.into_left)(block(rank), scratch)
     channel.wait(*sends)
     # every server sends its reduced block to everyone
@@ -227,7 +227,7 @@ def _fold_in(channel: Channel, buf: np.ndarray, op: Op, new_rank: int, pairs: bo
         channel.wait(channel.send(buf, rank + 1))          # even rank: hand my buffer to rank + 1
         return False
     if pairs:
-        channel.wait(channel.recv_reduce(buf, rank - 1, op.into_right))   # odd rank: fold in rank - 1
+        channel.receive(buf, rank - 1, op.into_right)   # odd rank: fold in rank - 1
     return True
 
 
@@ -235,6 +235,6 @@ def _fold_out(channel: Channel, buf: np.ndarray, new_rank: int, pairs: bool) -> 
     """Give the ranks that sat out the finished result."""
     rank = channel.rank
     if new_rank < 0:
-        channel.wait(channel.recv(buf, rank + 1))
+        channel.receive(buf, rank + 1)
     elif pairs:
         channel.wait(channel.send(buf, rank - 1))

@@ -20,7 +20,7 @@ def binomial(channel: Channel, buf: np.ndarray, root: int) -> None:
     # receive once, from the rank that differs from me in my lowest set bit
     while mask < size:
         if relative & mask:
-            channel.wait(channel.recv(buf, (rank - mask) % size))
+            channel.receive(buf, (rank - mask) % size)
             break
         mask <<= 1
     # then send to the ranks below that bit, farthest first so the tree fills fastest
@@ -62,7 +62,7 @@ def scatter_allgather(channel: Channel, buf: np.ndarray, root: int) -> None:
         channel.wait(*[channel.send(buf[starts[peer]:starts[peer + 1]], peer)
                        for peer in range(size) if peer != root])
     else:
-        channel.wait(channel.recv(buf[starts[rank]:starts[rank + 1]], root))
+        channel.receive(buf[starts[rank]:starts[rank + 1]], root)
     ring_all_gather_phase(channel, buf, starts)   # then pass the blocks around the ring
 
 
@@ -72,4 +72,4 @@ def direct(channel: Channel, buf: np.ndarray, root: int) -> None:
     if channel.rank == root:
         channel.wait(*[channel.send(buf, peer) for peer in range(channel.size) if peer != root])
     else:
-        channel.wait(channel.recv(buf, root))
+        channel.receive(buf, root)

@@ -33,13 +33,13 @@ def binomial(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
             fold = op.into_left
             if faults.ACTIVE and "odd_skip_reduction" in faults.ACTIVE and rank + mask == size - 1:
                 fold = _discard if size % 2 else fold   # planted fault: the last odd rank not folded in
-            channel.wait(channel.recv_reduce(buf, rank + mask, fold))
+            channel.receive(buf, rank + mask, fold)
         mask <<= 1
     if root != 0:
         if rank == 0:
             channel.wait(channel.send(buf, root))
         elif rank == root:
-            channel.wait(channel.recv(buf, 0))
+            channel.receive(buf, 0)
 
 
 def _discard(accumulator: np.ndarray, incoming: np.ndarray) -> None:
@@ -55,7 +55,7 @@ def direct(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
         return
     # lower ranks go on the left of what I hold, higher ranks on the right
     for peer in list(range(root - 1, -1, -1)) + list(range(root + 1, size)):
-        channel.wait(channel.recv_reduce(buf, peer, op.into_right if peer < root else op.into_left))
+        channel.receive(buf, peer, op.into_right if peer < root else op.into_left)
 
 
 @register("reduce", "ring", "ring reduce-scatter, then every rank sends its reduced block to the root",

@@ -127,7 +127,7 @@ def recursive_halving(channel: Channel, work: np.ndarray, out: np.ndarray, op: O
         return
     if rank < 2 * extra:
         # fold in my even neighbour's buffer, which is lower in rank order
-        channel.wait(channel.recv_reduce(work, rank - 1, op.into_right))
+        channel.receive(work, rank - 1, op.into_right)
     virtual = rank // 2 if rank < 2 * extra else rank - extra
     bits = range(levels - 1, -1, -1) if op.commutative else range(levels)
     low, width = 0, participants            # the window of virtual ranks' blocks I still reduce

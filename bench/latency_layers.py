@@ -1,18 +1,18 @@
 """Where a small collective's time goes, layer by layer, beside MPI's own.
 
 Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/latency_layers.py [--bytes 8] [--calls 2000]
-     [--collective all_reduce|all_to_all|all_gather]
+     [--collective all_reduce|all_to_all|all_gather|broadcast]
 
 Each layer is timed alone in a loop of `--calls` back-to-back calls, the layers taking turns in 15
 rounds (medians over rounds, rank 0's clock):
-- full: `comm.all_reduce(x, out=out)` (or all_to_all, all_gather), the public call (planned after
-  its first call);
+- full: `comm.all_reduce(x, out=out)` (or all_to_all, all_gather, broadcast from rank 0), the
+  public call (planned after its first call);
 - planned (all_reduce): the communicator's planned path alone (`_run_planned`), without the
   argument checks;
 - schedule (all_to_all, all_gather, where the algorithm has one): the plan's copy and exchanges
   (`run_block_schedule`) on the communicator's channel, without the communicator;
 - algorithm: the planned algorithm's function on the communicator's channel;
-- MPI: mpi4py's `Allreduce` (`Alltoall`, `Allgather`) on the same buffers.
+- MPI: mpi4py's `Allreduce` (`Alltoall`, `Allgather`, `Bcast`) on the same buffers.
 `--bytes` is the per-rank buffer (all_gather: the output, as in colls bench).
 """
 
@@ -41,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=8)
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--collective", choices=("all_reduce", "all_to_all", "all_gather"),
+    parser.add_argument("--collective", choices=("all_reduce", "all_to_all", "all_gather", "broadcast"),
                         default="all_reduce")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
@@ -60,6 +60,15 @@ def main() -> None:
                   "planned": lambda: comm._run_planned(plan, x, out, None),
                   "algorithm": lambda: (aimed(), plan.algorithm.run(channel, out, SUM)),
                   "MPI": lambda: world.Allreduce(x, theirs)}
+    elif args.collective == "broadcast":
+        x = np.ones(max(1, args.bytes // 4), np.float32)
+        out = x if world.Get_rank() == 0 else np.empty_like(x)   # as colls bench: in place on the root
+        comm.broadcast(x, root=0, out=out)
+        plan = comm._check.broadcast_plans[(x.dtype, x.shape, 0)]
+        flat = out.reshape(-1)
+        layers = {"full": lambda: comm.broadcast(x, root=0, out=out),
+                  "algorithm": lambda: (aimed(), plan.algorithm.run(channel, flat, 0)),
+                  "MPI": lambda: world.Bcast(out, root=0)}
     else:
         size = world.Get_size()
         gather = args.collective == "all_gather"

@@ -83,6 +83,14 @@ class Transport(ABC):
         can tell.
         """
 
+    def recv_wait(self, buf: np.ndarray, peer: int, tag: int, deadline: float,
+                  reducer: Reducer | None = None) -> None:
+        """Receive from `peer` into `buf` (combined into it by `reducer` when given) and wait for it:
+        a posted receive and `wait_all`, which a transport may do faster (shm: a message that fits
+        one slot is taken straight out of it)."""
+        self.wait_all([self.irecv(buf, peer, tag) if reducer is None
+                       else self.irecv_reduce(buf, peer, tag, reducer)], deadline)
+
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
         """Send `send_buf` to `dst` and receive into `recv_buf` from `src` (combined into it by
@@ -212,6 +220,15 @@ class Channel:
         """Post a receive from `peer` that is reduced into `buf` as it arrives."""
         self._count_received(buf, peer)
         return self.transport.irecv_reduce(buf, peer, self.tag, reducer)
+
+    def receive(self, buf: np.ndarray, peer: int, reducer: Reducer | None = None) -> None:
+        """Receive from `peer` into `buf` (reduced into it by `reducer` when given) and wait for it:
+        `wait(recv(...))` in one step, which a transport may take faster."""
+        self._count_received(buf, peer)
+        try:
+            self.transport.recv_wait(buf, peer, self.tag, self.deadline, reducer)
+        except CollectiveTimeout as error:
+            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 
     def wait(self, *requests: Request) -> None:
         """Wait for every request, naming this call in the error if the deadline passes."""

@@ -254,6 +254,11 @@ class CudaIpcTransport(ShmTransport):
         self._serve_device_stash(request.peer)
         return request
 
+    def recv_wait(self, buf, peer: int, tag: int, deadline: float, reducer: Reducer | None = None) -> None:
+        if type(buf) is np.ndarray:
+            return super().recv_wait(buf, peer, tag, deadline, reducer)
+        return Transport.recv_wait(self, buf, peer, tag, deadline, reducer)
+
     def sendrecv(self, send_buf, dst: int, recv_buf, src: int, tag: int, deadline: float,
                  reducer: Reducer | None = None) -> None:
         if type(send_buf) is np.ndarray and type(recv_buf) is np.ndarray:

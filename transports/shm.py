@@ -254,7 +254,13 @@ class ShmTransport(Transport):
     # -- posting ---------------------------------------------------------------------------------
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """A message that fits one slot, to an idle FIFO, is written and published at once (a
+        request born done); anything else is queued and pushed as slots free up."""
         check_buffer(buf, "shm send")
+        if self._send_now(buf, peer, tag):
+            sent = Request("send", peer, tag, buf.nbytes)
+            sent.done = True
+            return sent
         return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
@@ -277,6 +283,14 @@ class ShmTransport(Transport):
         self.active_in.add(request.peer)
         self._serve_stash(request.peer)
         return request
+
+    def recv_wait(self, buf: np.ndarray, peer: int, tag: int, deadline: float,
+                  reducer: Reducer | None = None) -> None:
+        """A message that fits one slot, from an idle FIFO, is taken straight out of its slot once it
+        lands; anything else (or a peer slow to send) through a posted receive."""
+        check_buffer(buf, "shm receive")
+        if buf.ndim != 1 or not self._receive_now(buf, peer, tag, reducer):   # (schedules pass flat ones)
+            self.wait_all([self._post(_In(peer, tag, buf, reducer))], deadline)
 
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
