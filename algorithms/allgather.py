@@ -33,8 +33,9 @@ def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int],
 
 def ring_schedule(rank: int, size: int, count: int) -> BlockSchedule:
     """`ring_all_gather_phase`'s steps after my block's copy, for blocks of `count` elements: my own
-    block goes out first from `send`, then each block received last step from `out`. (Not cached as
-    the others are: `bounds` may plant a fault, see `algorithms.faults`.)"""
+    block goes out first from `send`, then each block received last step from `out`. (No lru_cache
+    as the others have: `bounds` may plant a fault, see `algorithms.faults`; a planned call runs the
+    algorithm instead of its plan's schedule while a fault is planted.)"""
     starts = bounds(size * count, size)
     right, left = (rank + 1) % size, (rank - 1) % size
 

@@ -77,10 +77,13 @@ def main() -> None:
         out, theirs = np.empty(count, np.float32), np.empty(count, np.float32)
         call = getattr(comm, args.collective)
         call(x, out=out)
-        plan = comm._check.block_plans[(args.collective, x.dtype, x.shape)]
+        plan = comm._check.block_plans.get((args.collective, x.dtype, x.shape))
+        if plan is None:
+            raise SystemExit(f"{args.collective} of this group is not planned (its algorithm builds levels "
+                             f"across hosts, or it was forced): nothing to take apart")
         layers = {"full": lambda: call(x, out=out)}
-        if plan.exchanges is not None:
-            layers["schedule"] = lambda: (aimed(), run_block_schedule(channel, x, out, plan.exchanges))
+        if plan.schedule is not None:
+            layers["schedule"] = lambda: (aimed(), run_block_schedule(channel, x, out, plan.schedule))
         layers["algorithm"] = lambda: (aimed(), plan.algorithm.run(channel, x, out))
         layers["MPI"] = ((lambda: world.Allgather(x, theirs)) if gather else
                          (lambda: world.Alltoall(x, theirs)))

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms import faults
 from algorithms.blocks import run_block_schedule
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
@@ -143,7 +144,8 @@ class Communicator(Collectives):
         else:
             return None
         channel = self._aim_plan(plan, timeout)
-        schedule = plan.exchanges
+        # (a fault planted for the fuzzer's tests after the plan was made: the algorithm plants it)
+        schedule = None if faults.ACTIVE else plan.schedule
         with self._executor.lock:
             try:
                 if schedule is None:
@@ -192,7 +194,7 @@ class Communicator(Collectives):
                 and (collective, x.dtype, x.shape) not in self._check.block_plans):
             schedule = algorithm.schedule and algorithm.schedule(self.rank, self.size, x.size)
             self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
-                                             schedule, out_shape=out_shape))
+                                             out_shape=out_shape, schedule=schedule))
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""

@@ -12,6 +12,7 @@ import operator
 import numpy as np
 
 from algorithms import BUILTIN, Op, lookup, names
+from algorithms.blocks import BlockSchedule
 from algorithms.registry import Algorithm
 from transports.errors import InvalidArgument
 
@@ -76,21 +77,21 @@ class Plan:
     (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls whose cost is the library's
     own software."""
 
-    __slots__ = ("collective", "op", "algorithm", "shape", "dtype", "group", "exchanges", "out_shape",
-                 "root", "seq")
+    __slots__ = ("collective", "op", "algorithm", "shape", "dtype", "group", "exchanges", "schedule",
+                 "out_shape", "root", "seq")
 
     def __init__(self, collective: str, op: Op | None, algorithm: Algorithm, shape: tuple[int, ...],
                  dtype: np.dtype, group: str, exchanges: tuple | None = None,
-                 out_shape: tuple[int, ...] | None = None, root: int | None = None) -> None:
+                 out_shape: tuple[int, ...] | None = None, root: int | None = None,
+                 schedule: BlockSchedule | None = None) -> None:
         self.collective = collective
         self.op = op
         self.algorithm = algorithm
         self.shape = shape
         self.dtype = dtype
         self.group = group
-        # all_reduce: the algorithm as in-place exchanges, if only that; all_gather, all_to_all: its
-        # `algorithms.blocks.BlockSchedule`, if it has one
-        self.exchanges = exchanges
+        self.exchanges = exchanges   # all_reduce: the algorithm as in-place exchanges, if only that
+        self.schedule = schedule     # all_gather, all_to_all: its copy and exchanges, if only that
         self.out_shape = shape if out_shape is None else out_shape
         self.root = root   # broadcast: the root the plan was made for
         self.seq = -1   # the number of the call running now (set by the communicator on each call)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import colls
+from algorithms import faults
 
 
 def _every_kind_of_buffer(comm) -> list[bool]:
@@ -165,6 +166,41 @@ def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_
         assert all(checks), (rank, checks)
 
 
+@pytest.mark.parametrize("pinned", ["all_gather:ring;all_to_all:pairwise",
+                                    "all_gather:recursive_doubling;all_to_all:direct"])
+@pytest.mark.parametrize("size", [3, 4, 5, 8])
+def test_planned_schedules_give_numpys_answer_at_every_group_size(pinned, size, monkeypatch):
+    """The planned path runs ring and recursive-doubling all_gather and pairwise all_to_all from
+    their schedules (recursive doubling only at powers of two) at more ranks than two."""
+    monkeypatch.setenv("COLLS_ALGO", pinned)
+    for rank, checks in enumerate(colls.spawn(_blocks_every_kind_of_buffer, size, transport="local",
+                                              timeout=60)):
+        assert all(checks), (rank, checks)
+
+
+def _fault_after_plan(comm) -> str:
+    """A ring all_gather planned, then `block_boundary` planted (the fuzzer's own test fault): the
+    planned call must run the faulty algorithm, not the schedule made before."""
+    x = np.arange(4, dtype=np.int32)
+    comm.all_gather(x)
+    comm.barrier()
+    try:
+        with faults.planted("block_boundary"):
+            comm.all_gather(x)
+    except colls.CollsError as error:
+        return type(error).__name__
+    except ValueError:
+        return "ValueError"
+    return "no error"
+
+
+def test_a_fault_planted_after_a_plan_is_not_skipped(monkeypatch):
+    monkeypatch.setenv("COLLS_ALGO", "all_gather:ring")
+    # processes, not the local transport's threads: each rank plants and removes the fault in its own
+    results = colls.spawn(_fault_after_plan, 3, transport="shm", timeout=30)
+    assert "no error" not in results and "ValueError" in results, results
+
+
 def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
     """Broadcasts of one shape from two roots, three times each, with each kind of `out`: the later
     calls run planned (one plan per root), and give what the first did."""
@@ -224,11 +260,11 @@ def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
             return run(*args)
 
         plan.algorithm = replace(plan.algorithm, run=recording)
-        scheduled.append(plan.exchanges is not None)
-        if plan.exchanges is not None:   # the schedule runs, not the algorithm's function
-            steps = Recording(plan.exchanges.steps)
+        scheduled.append(plan.schedule is not None)
+        if plan.schedule is not None:   # the schedule runs, not the algorithm's function
+            steps = Recording(plan.schedule.steps)
             steps.name = collective
-            plan.exchanges = plan.exchanges._replace(steps=steps)
+            plan.schedule = plan.schedule._replace(steps=steps)
     want = np.concatenate([np.arange(4 * comm.size, dtype=np.float32) + r for r in range(comm.size)])
     assert np.array_equal(comm.all_gather(x), want)
     assert np.array_equal(comm.all_to_all(x), want.reshape(comm.size, -1)[:, 4 * comm.rank:4 * comm.rank + 4]
