@@ -161,8 +161,12 @@ def _blocks_every_kind_of_buffer(comm) -> list[bool]:
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_buffer(transport, size):
-    for rank, checks in enumerate(colls.spawn(_blocks_every_kind_of_buffer, size, transport=transport,
-                                              timeout=60)):
+    _every_check_holds(_blocks_every_kind_of_buffer, size, transport)
+
+
+def _every_check_holds(fn, size: int, transport: str) -> None:
+    """Run `fn` (a list of checks per rank) on `size` ranks; every check of every rank must hold."""
+    for rank, checks in enumerate(colls.spawn(fn, size, transport=transport, timeout=60)):
         assert all(checks), (rank, checks)
 
 
@@ -173,9 +177,7 @@ def test_planned_schedules_give_numpys_answer_at_every_group_size(pinned, size, 
     """The planned path runs ring and recursive-doubling all_gather and pairwise all_to_all from
     their schedules (recursive doubling only at powers of two) at more ranks than two."""
     monkeypatch.setenv("COLLS_ALGO", pinned)
-    for rank, checks in enumerate(colls.spawn(_blocks_every_kind_of_buffer, size, transport="local",
-                                              timeout=60)):
-        assert all(checks), (rank, checks)
+    _every_check_holds(_blocks_every_kind_of_buffer, size, "local")
 
 
 def _fault_after_plan(comm) -> str:
@@ -230,9 +232,7 @@ def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_planned_broadcasts_give_the_roots_buffer_for_every_kind_of_buffer(transport, size):
-    for rank, checks in enumerate(colls.spawn(_broadcasts_every_kind_of_buffer, size, transport=transport,
-                                              timeout=60)):
-        assert all(checks), (rank, checks)
+    _every_check_holds(_broadcasts_every_kind_of_buffer, size, transport)
 
 
 def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
