@@ -16,19 +16,18 @@ from .blocks import BlockSchedule, bounds, run_block_schedule
 from .registry import register
 
 
-def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int],
-                          own: np.ndarray | None = None) -> None:
+def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int]) -> None:
     """In place: rank r starts holding block r of `buf`; after n-1 steps everyone holds all blocks.
-    `own`, when given, holds the same values as my block and is sent in its place (see
-    `recursive_doubling`); it must not overlap `buf` (the callers' `send` is apart from `out`)."""
+    (The ring all_gather runs the same steps from its `ring_schedule`, sending its first block from
+    `send`.)"""
     rank, size = channel.rank, channel.size
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send_block = (rank - step) % size
         recv_block = (rank - step - 1) % size
         # pass on the block received last step (my own first); take the next one from the left
-        outgoing = own if step == 0 and own is not None else buf[starts[send_block]:starts[send_block + 1]]
-        channel.exchange(outgoing, right, buf[starts[recv_block]:starts[recv_block + 1]], left)
+        channel.exchange(buf[starts[send_block]:starts[send_block + 1]], right,
+                         buf[starts[recv_block]:starts[recv_block + 1]], left)
 
 
 def ring_schedule(rank: int, size: int, count: int) -> BlockSchedule:
