@@ -631,6 +631,13 @@ class ShmTransport(Transport):
         return moved
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        # nothing to wait for (a one-slot send born done, a rank that only receives): no progress
+        # pass and no clock. A 2-rank 1 KiB broadcast's root spent 0.5 us of its 3.2 here
+        for request in requests:
+            if not request.done:
+                break
+        else:
+            return
         backoff = Backoff()
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         while True:
