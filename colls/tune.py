@@ -120,6 +120,14 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written:
     before each barrier (as an algorithm sends what it just reduced or received: the lines are
     dirty in the sender's cache when the receiver reads them). `fence`: the group whose barrier
     starts each round (default `pair`; see `profile`)."""
+    return after_barrier_times(pair, nbytes, rounds, written, fence)[0]
+
+
+def after_barrier_times(pair: Communicator, nbytes: int, rounds: int, written: bool = False,
+                        fence: Communicator | None = None) -> tuple[float, float]:
+    """`after_barrier_seconds`, and from the same rounds the sender's own median: how long posting
+    the send and waiting for it kept rank 0 busy (below the rendezvous size, the copy into the FIFO
+    is the sender's own work: the shm transport makes it in `isend`)."""
     buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
     channel = pair.channel("colls tune after barrier", timeout=120)
     fence = pair if fence is None else fence
@@ -134,7 +142,8 @@ def after_barrier_seconds(pair: Communicator, nbytes: int, rounds: int, written:
         else:
             channel.receive(buf, 0)   # as the schedules take a message (a one-slot one straight out)
         times.append(time.perf_counter() - start)
-    return statistics.median(slowest(pair, times))
+    sender = float(pair.broadcast(np.array([statistics.median(times)]), root=0)[0])
+    return statistics.median(slowest(pair, times)), sender
 
 
 def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
@@ -328,8 +337,8 @@ def fresh_seconds_per_byte(nbytes: int) -> float:
 
 def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], cores: int) -> tuple:
     """`profile`'s measurements between ranks 0 and 1, each pinned to a core of its own (put back
-    before the wake-ups, which share one): (message_s, the exchange tables, message_written_s, the
-    scalar terms)."""
+    before the wake-ups, which share one): (message_s, the exchange tables, message_written_s,
+    send_s, the scalar terms)."""
     def share(value: int) -> int:
         return int(pair.broadcast(np.array([value]), root=0)[0])
 
@@ -341,9 +350,12 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
         rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
-        after = {n: after_barrier_seconds(pair, n, rounds[n], fence=fence) for n in PROFILE_MESSAGE_BYTES}
+        both = {n: after_barrier_times(pair, n, rounds[n], fence=fence) for n in PROFILE_MESSAGE_BYTES}
+        after = {n: message_time for n, (message_time, _) in both.items()}
         start = max(0.0, after[SMALL_BYTES] - free)
         message = {str(n): max(free, t - start) for n, t in after.items()}
+        # how long a send through the FIFO keeps its sender busy (posting it and copying it in)
+        send = {str(n): sender for n, (_, sender) in both.items() if n < cma_from}
         exchange_small = exchange_seconds(pair, 2000, fence=fence)
         post = max(0.0, exchange_small - after[SMALL_BYTES])
         # a reducing receive's software beyond a plain one's (the reducer's call; γ of 8 B is nil)
@@ -377,7 +389,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
              "round_trip_before_ns": float("nan") if mode_before is None else mode_before,
              "round_trip_after_ns": float("nan") if mode_after is None else mode_after}
-    return message, exchanges, written, extra
+    return message, exchanges, written, send, extra
 
 
 def profile(comm: Communicator) -> dict:
@@ -401,12 +413,13 @@ def profile(comm: Communicator) -> dict:
     message: dict[str, float] = {}
     exchanges: dict[str, dict[str, float]] = {name: {} for name in EXCHANGE_KINDS}
     written: dict[str, float] = {}
+    send: dict[str, float] = {}
     extra: dict[str, float] = {}
     if pair is not None:
         fence = None
         try:
             fence = pair.split(0)
-            message, exchanges, written, extra = _pair_profile(pair, fence, allowed, cores)
+            message, exchanges, written, send, extra = _pair_profile(pair, fence, allowed, cores)
         finally:
             if fence is not None:
                 fence.close()
@@ -427,7 +440,7 @@ def profile(comm: Communicator) -> dict:
                   if hasattr(comm.transport, name)}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_cma_bytes": thresholds,
-            **exchanges, "message_written_s": written,
+            **exchanges, "message_written_s": written, "send_s": send,
             **{name: float(value) for name, value in zip(names, shared, strict=True)
                if not name.startswith("round_trip")},
             # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after

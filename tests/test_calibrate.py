@@ -310,6 +310,43 @@ def test_an_eager_send_is_done_when_posted():
     assert not SharedMemory(2, profile()).route_for(0, 1, 4 * MIB).eager
 
 
+def test_a_fifo_send_keeps_its_sender_for_what_the_profile_measured_of_it():
+    from dataclasses import replace
+
+    import numpy as np
+
+    from transports.sim import SimWorld
+
+    # one send through the FIFO keeps its sender 4 us at 8 B, 20 us at 16 KiB (post and copy in)
+    sending = replace(profile(4, 4), post=1e-6, send=((8, 4e-6), (16 * KIB, 20e-6)))
+    assert sending.send_seconds(8 * KIB) == pytest.approx(4e-6 + (8 * KIB - 8) * 16e-6 / (16 * KIB - 8))
+    assert sending.send_seconds(64 * KIB) is None   # cross-memory attach: the receiver copies
+
+    def three_sends(nbytes):
+        def body(transport):   # rank 0 sends to 1, 2 and 3, as a direct broadcast's root does
+            buf = np.zeros(nbytes, np.uint8)
+            if transport.rank == 0:
+                transport.wait_all([transport.isend(buf, peer, 0) for peer in (1, 2, 3)], float("inf"))
+            else:
+                transport.wait_all([transport.irecv(buf, 0, 0)], float("inf"))
+            return transport.clock
+        return body
+
+    # the root's own time is its three sends, one after another; the messages' arrivals are
+    # unchanged (the route's: α from the post on)
+    root = SimWorld(4, SharedMemory(4, sending)).run(three_sends(8))
+    assert root[0] == pytest.approx(3 * 4e-6)
+    plain = SimWorld(4, SharedMemory(4, replace(sending, send=()))).run(three_sends(8))
+    assert plain[0] == pytest.approx(3 * 1e-6)
+    assert root[1] == pytest.approx(plain[1])
+    # a message by cross-memory attach is the receiver's to copy: its sender pays only the post
+    big = SimWorld(4, SharedMemory(4, sending)).run(three_sends(MIB))
+    assert big == SimWorld(4, SharedMemory(4, replace(sending, send=()))).run(three_sends(MIB))
+    # so a direct broadcast's root, priced at its sends, is dearer than at its posts alone
+    assert predict("broadcast", "direct", 4, 4 * KIB, sending) > predict("broadcast", "direct", 4, 4 * KIB,
+                                                                          replace(sending, send=()))
+
+
 def test_a_sendrecv_below_the_rendezvous_size_costs_the_measured_exchange_not_two_messages():
     from dataclasses import replace
 
@@ -618,6 +655,11 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
         assert all(seconds > 0 for seconds in measured[table].values())
     # polling a slot's head is far cheaper a turn than a request's wait loop
     assert 0 < measured["one_slot_spin_s"] < measured["spin_s"]
+    # a FIFO send's own time, at every FIFO size: no longer than the message it starts
+    fifo_sizes = [n for n in PROFILE_MESSAGE_BYTES if str(n) in measured["send_s"]]
+    assert fifo_sizes and max(fifo_sizes) < 1 << 20 <= min(set(PROFILE_MESSAGE_BYTES) - set(fifo_sizes))
+    assert all(0 < measured["send_s"][str(n)] <= measured["message_s"][str(n)] * 1.5 for n in fifo_sizes)
+    assert Profile.load([str(path)]).send_seconds(8) == pytest.approx(measured["send_s"]["8"])
     assert measured["one_slot_wake_s"] >= 0
     machine = Profile.load([str(path)])
     assert machine.exchange_seconds(8) == pytest.approx(measured["exchange_s"]["8"])

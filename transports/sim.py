@@ -420,6 +420,9 @@ class SimWorld:
         # size; page faults of a fresh mapping), software per posted message, fewer cores than ranks
         self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
         self.post_seconds = getattr(network, "post_seconds", 0.0)   # a rank's own work per send/receive
+        # and, by size, what a send copied into a buffer (an eager route) keeps its sender busy
+        # beyond that post: the shm transport copies a FIFO message in inside `isend`
+        self.send_busy_seconds = getattr(network, "send_busy_seconds", None)
         # and per reducing receive, beyond γ per byte (the reducer's call)
         self.receive_reduce_seconds = getattr(network, "receive_reduce_seconds", 0.0)
         # and per sum or copy in algorithm code, beyond γ or the copy's cost per byte (numpy's call)
@@ -794,6 +797,7 @@ class SimTransport(Transport):
     def _send(self, buf: np.ndarray, peer: int, tag: int, route: Route | None) -> Request:
         world, me = self.world, self.me
         receiver = world.ranks[self.group.world_ranks[peer]]
+        fused = route   # a sendrecv's send on the network's exchange route (priced as the whole step)
         if route is None:
             me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
             written = world.written is not None and id(_root(buf)) in world.written
@@ -817,6 +821,9 @@ class SimTransport(Transport):
             else:
                 queue.append(message)
         world.post_send(message)
+        if fused is None and route.eager and world.send_busy_seconds is not None:
+            # the message left at its post (its timing is the route's); the sender is still copying
+            me.clock += world.send_busy_seconds(buf.nbytes) * me.slowdown
         return request
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:

@@ -26,8 +26,10 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   core's run queue (a yield hands the core only to a rank queued there), and the prediction is the
   median over the even ways to deal the ranks to the cores;
 - posting a send or a receive costs the posting rank's own CPU (`post`: an 8 B exchange less one
-  message), the rest of α is the route's; two cross-memory reads at once run slower per byte, as
-  much as an exchange of that size measured;
+  message), the rest of α is the route's; a send through the FIFO keeps its sender as long as one
+  kept rank 0 in the profile (`send`: posting and copying in, which the transport does inside
+  `isend`); two cross-memory reads at once run slower per byte, as much as an exchange of that
+  size measured;
 - every call pays its software (describe, select, deliver; measured on a one-rank group) and what
   the barrier before it adds to its first message (the ranks leave it at different moments).
 """
@@ -64,6 +66,17 @@ def _interpolate(table: list[tuple[int, float]], nbytes: int) -> float:
     (low, below), (high, above) = table[i], table[i + 1]
     weight = math.log(nbytes / low) / math.log(high / low)
     return below + (above - below) * weight
+
+
+def _linear(points: list[tuple[int, float]], nbytes: int) -> float:
+    """Seconds at `nbytes` from measured (bytes, seconds): linear in bytes between the sizes around
+    it, the last two's slope beyond them, the first size's time below it (never below zero)."""
+    sizes = [size for size, _ in points]
+    if nbytes <= sizes[0] or len(points) == 1:
+        return points[0][1]
+    i = min(bisect.bisect_right(sizes, nbytes) - 1, len(points) - 2)
+    (low, t_low), (high, t_high) = points[i], points[i + 1]
+    return max(0.0, t_low + (nbytes - low) * (t_high - t_low) / (high - low))
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,9 @@ class Profile:
     # `exchange_rendezvous_bytes` here; 0: `rendezvous`)
     exchange_rendezvous: int = 0
     reduce_exchange_rendezvous: int = 0
+    # (bytes, seconds the sender of one FIFO message spends posting it and copying it in), below
+    # the rendezvous size; empty: a send keeps its sender only for `post`
+    send: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -153,7 +169,8 @@ class Profile:
                    *(int(combine([e["exchange_cma_bytes"][kind] for e in entries]))
                      if all(kind in e.get("exchange_cma_bytes", {}) for e in entries)
                      else exchange_rendezvous_bytes(chunk, slots, size, kind == "reducing", cores)
-                     for kind in ("plain", "reducing")))
+                     for kind in ("plain", "reducing")),
+                   send=median_table("send_s") if all(e.get("send_s") for e in entries) else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -171,6 +188,14 @@ class Profile:
         if alpha < 0:   # the line through the two points passes below zero: keep the time, drop α
             alpha, beta = 0.0, (t_low + (nbytes - low) * beta) / max(nbytes, 1)
         return alpha, beta
+
+    def send_seconds(self, nbytes: int) -> float | None:
+        """How long a FIFO send of `nbytes` keeps its sender busy (posting, copying in): linear in
+        bytes between the measured sizes around it; None from the rendezvous size or unmeasured."""
+        points = [(size, t) for size, t in self.send if size < self.rendezvous]
+        if nbytes >= self.rendezvous or not points:
+            return None
+        return _linear(points, nbytes)
 
     def exchange_limit(self, reducing: bool | str = False) -> int:
         """The smallest sendrecv (reducing or plain) that moves by cross-memory attach."""
@@ -198,16 +223,7 @@ class Profile:
         elif written and below(self.exchange_written):
             table = self.exchange_written
         points = [(size, t) for size, t in table if size < limit]
-        if not points:
-            return None
-        if len(points) == 1:
-            return points[0][1]
-        sizes = [size for size, _ in points]
-        if nbytes <= sizes[0]:
-            return points[0][1]
-        i = min(bisect.bisect_right(sizes, nbytes) - 1, len(points) - 2)
-        (low, t_low), (high, t_high) = points[i], points[i + 1]
-        return max(0.0, t_low + (nbytes - low) * (t_high - t_low) / (high - low))
+        return _linear(points, nbytes) if points else None
 
     def contention(self, nbytes: int) -> float:
         """How much slower per byte a cross-memory read of `nbytes` is while another runs: from the
@@ -269,6 +285,11 @@ class SharedMemory:
         # posting a send or a receive is the rank's own work (a rank that sends and receives at
         # once does both in turn); the rest of a message's α is in the route
         self.post_seconds = profile.post
+        # a FIFO send keeps its sender for what the profile measured of it (`Profile.send`): its
+        # post and its copy into the slots. Priced at their posts, a 4-rank 1 KiB `direct`
+        # broadcast's root made its three sends in 1.9 us and the call came out at 3.7 us against
+        # 5.9 measured; at 1.7 us a send (8 B, measured), 6.2 us (2026-12-04, 10 rounds)
+        self.send_busy_seconds = self._send_busy if profile.send else None
         # a message from a buffer its sender wrote in the call (reduced, copied or received into)
         # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
         self.tracks_writes = bool(profile.written)
@@ -283,6 +304,11 @@ class SharedMemory:
 
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
+
+    def _send_busy(self, nbytes: int) -> float:
+        """Seconds a FIFO send of `nbytes` keeps its sender beyond its post."""
+        seconds = self.profile.send_seconds(nbytes)
+        return 0.0 if seconds is None else max(0.0, seconds - self.post_seconds)
 
     def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool | str = False,
                        written: bool = False, after_work: bool = False) -> Route | None:

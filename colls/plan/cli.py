@@ -115,6 +115,8 @@ def calibrate_table(args: argparse.Namespace) -> int:
               f"{profile.message[0][1] * 1e6:.2f} us, 1 MiB {(alpha + beta * (1 << 20)) * 1e6:.1f} us, "
               f"start {profile.start * 1e6:.2f} us, "
               f"spin {profile.spin * 1e6:.1f} us, wake {profile.wake * 1e6:.1f} us"
+              + (f", 8 B send (the sender's) {profile.send_seconds(8) * 1e6:.2f} us"
+                 if profile.send_seconds(8) is not None else "")
               + (f", 8 B sendrecv {profile.exchange_seconds(8) * 1e6:.2f} us"
                  if profile.exchange_seconds(8) is not None else "")
               + (f" (one-slot spin {profile.one_slot_spin * 1e6:.1f} us, "
