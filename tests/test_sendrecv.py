@@ -89,6 +89,76 @@ def test_sendrecv_waits_for_a_late_peer():
     assert 0.2 < waited < 5
 
 
+def _pieces(comm) -> list:
+    """Messages of three slots to an idle FIFO, each there before its receiver looks (rank 1 comes
+    late): rank 1 takes them as their pieces land, plain (`recv_wait`) and reduced (`sendrecv`),
+    without posting a receive for them."""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = (3 * CHUNK - 64) // 4
+    deadline = time.monotonic() + 20
+    posted = []
+    post = transport._post
+    transport._post = lambda request: (posted.append(request.nbytes) if request.nbytes > CHUNK
+                                       else None) or post(request)
+    mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    got = np.full(count, -1, np.int32)
+    go = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        transport.wait_all([transport.isend(mine, peer, TAG)], deadline)
+        transport.recv_wait(go, peer, TAG + 2, deadline)   # rank 1 has taken it: the FIFO is idle
+    else:
+        time.sleep(0.2)
+        transport.recv_wait(got, peer, TAG, deadline)
+        transport.wait_all([transport.isend(go, peer, TAG + 2)], deadline)
+        time.sleep(0.2)
+    total = mine.copy()
+    transport.sendrecv(mine, peer, total, peer, TAG + 1, deadline, SUM.into_left)
+    return [got.tolist(), total.tolist(), posted]
+
+
+@pytest.mark.timeout(60)
+def test_a_message_of_several_slots_is_taken_as_its_pieces_land():
+    count = (3 * CHUNK - 64) // 4
+    (_, total0, _), (got1, total1, posted1) = colls.spawn(_pieces, 2, transport="shm", timeout=40)
+    assert got1 == np.arange(count).tolist()
+    assert total0 == total1 == (2 * np.arange(count) + 1000).tolist()
+    assert posted1 == []   # (rank 0 waited for rank 1's half of the exchange: it may post)
+
+
+def _pieces_late(comm) -> list:
+    """Rank 0's message of three slots finds one slot free: its first piece goes in, the rest wait
+    until rank 0 makes progress again, 0.5 s later. Rank 1, taking the pieces as they land, gives
+    up its spin after the first and waits for the rest with its deadline."""
+    transport, peer = comm.transport, 1 - comm.rank
+    deadline = time.monotonic() + 20
+    big = np.arange((3 * CHUNK) // 8, dtype=np.int64) + 7
+    fillers = [np.full(2, k, np.int64) for k in range(3)]
+    ready = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        transport.recv_wait(ready, peer, TAG + 2, deadline)
+        for filler in fillers:
+            transport.wait_all([transport.isend(filler, peer, TAG)], deadline)
+        sent = transport.isend(big, peer, TAG + 1)   # one slot free: the first piece only
+        time.sleep(0.5)                               # no progress: the other pieces wait
+        transport.wait_all([sent], deadline)
+        return []
+    transport.wait_all([transport.isend(ready, peer, TAG + 2)], deadline)
+    time.sleep(0.2)                                   # the fillers and the first piece are in
+    for filler in fillers:
+        transport.recv_wait(filler, peer, TAG, deadline)
+    got = np.zeros_like(big)
+    start = time.monotonic()
+    transport.recv_wait(got, peer, TAG + 1, deadline)
+    return [bool(np.array_equal(got, big)), [f.tolist() for f in fillers], time.monotonic() - start]
+
+
+@pytest.mark.timeout(60)
+def test_a_message_of_several_slots_whose_last_pieces_come_late_still_arrives():
+    _, (whole, fillers, waited) = colls.spawn(_pieces_late, 2, transport="shm", timeout=40)
+    assert whole and fillers == [[0, 0], [1, 1], [2, 2]]
+    assert 0.1 < waited < 5
+
+
 def _mismatched(comm):
     transport, peer = comm.transport, 1 - comm.rank
     count = 3 if comm.rank else 2

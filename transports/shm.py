@@ -254,8 +254,8 @@ class ShmTransport(Transport):
     # -- posting ---------------------------------------------------------------------------------
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
-        """A message that fits one slot, to an idle FIFO, is written and published at once (a
-        request born done); anything else is queued and pushed as slots free up."""
+        """A message below the rendezvous size whose slots are free is written and published at
+        once (a request born done); anything else is queued and pushed as slots free up."""
         check_buffer(buf, "shm send")
         if self._send_now(buf, peer, tag):
             sent = Request("send", peer, tag, buf.nbytes)
@@ -286,17 +286,20 @@ class ShmTransport(Transport):
 
     def recv_wait(self, buf: np.ndarray, peer: int, tag: int, deadline: float,
                   reducer: Reducer | None = None) -> None:
-        """A message that fits one slot, from an idle FIFO, is taken straight out of its slot once it
-        lands; anything else (or a peer slow to send) through a posted receive."""
+        """A message below the rendezvous size, from an idle FIFO, is taken straight out of its
+        slots as they land; anything else (or a peer slow to send) through a posted receive."""
         check_buffer(buf, "shm receive")
-        if buf.ndim != 1 or not self._receive_now(buf, peer, tag, reducer):   # (schedules pass flat ones)
-            self.wait_all([self._post(_In(peer, tag, buf, reducer))], deadline)
+        taken = buf.ndim == 1 and self._receive_now(buf, peer, tag, reducer)   # (schedules pass flat ones)
+        if taken is not True:   # not begun (false), or begun and waiting for its last pieces
+            self.wait_all([taken or self._post(_In(peer, tag, buf, reducer))], deadline)
 
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
-        """A message that fits one slot, to or from an idle FIFO, goes without a request: the send is
-        written and published at once, the receive taken straight out of the slot once it lands.
-        Anything else (big, queued behind other messages, another tag first) takes the general path."""
+        """A message below the rendezvous size, to or from an idle FIFO, goes without a request: the
+        send is written and published at once, the receive taken straight out of the slots as they
+        land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
+        requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
+        messages, another tag first) takes the general path."""
         check_buffer(send_buf, "shm send")
         check_buffer(recv_buf, "shm receive")
         n = send_buf.nbytes
@@ -313,17 +316,21 @@ class ShmTransport(Transport):
                 start = cma.address_of(send_buf)
                 low, high = self.last_received
                 rendezvous = not (start < high and low < start + n)
-        send = None if self._send_now(send_buf, dst, tag) else self._isend(send_buf, dst, tag, rendezvous)
+        if not rendezvous and self._send_now(send_buf, dst, tag):
+            send = None
+        else:
+            send = self._isend(send_buf, dst, tag, rendezvous)
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
-        if self._receive_now(recv_buf, src, tag, reducer):
+        taken = self._receive_now(recv_buf, src, tag, reducer)
+        if taken is True:
             if send is not None:
                 self.wait_all([send], deadline)
             return
         # its sender is exchanging too, with a receive of its own to make: asked to help, it would
         # copy my half instead of reading its own message (see `_ask_help`)
-        receive = self._post(_In(src, tag, recv_buf, reducer, helpable=False))
+        receive = taken or self._post(_In(src, tag, recv_buf, reducer, helpable=False))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
     def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
@@ -332,19 +339,24 @@ class ShmTransport(Transport):
         """A message that fits one slot is copied into it at once, which frees `buf` to receive
         into: no scratch copy. Anything else goes through a scratch buffer (the base class)."""
         check_buffer(buf, "shm sendrecv")
-        if not self._send_now(buf, dst, tag):
+        # (beyond one slot, the exchange thresholds choose the protocol: `sendrecv`, via scratch)
+        if buf.nbytes > self.chunk or not self._send_now(buf, dst, tag):
             return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
-        if not self._receive_now(buf, src, tag, reducer):
-            receive = (self.irecv(buf, src, tag) if reducer is None
-                       else self.irecv_reduce(buf, src, tag, reducer))
+        taken = self._receive_now(buf, src, tag, reducer)
+        if taken is not True:
+            receive = taken or (self.irecv(buf, src, tag) if reducer is None
+                                else self.irecv_reduce(buf, src, tag, reducer))
             self.wait_all([receive], deadline)
         return scratch
 
     def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
-        """Write a one-slot message to `peer` now if nothing is queued before it and a slot is free."""
+        """Write a message below the rendezvous size to `peer` now if nothing is queued before it
+        and the slots it takes are free (`_send_pieces_now` beyond one slot)."""
         n = buf.nbytes
-        if self.sends[peer] or n > self.chunk or n >= self.rendezvous_bytes:
+        if self.sends[peer] or n >= self.rendezvous_bytes:
             return False
+        if n > self.chunk:
+            return self._send_pieces_now(buf, peer, tag)
         fifo = self.outbound[peer]
         head = self.sent_head[peer]
         if head - fifo.ctl[8] >= self.slots:
@@ -365,13 +377,73 @@ class ShmTransport(Transport):
         fifo.ctl[0] = head + 1             # publish (x86 keeps the stores above before this one)
         return True
 
-    def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> bool:
-        """Take a one-slot message from `peer` with `tag` straight out of its slot, if nothing else is
-        being received from `peer` and it lands within a short spin; false: post a receive instead."""
+    def _send_pieces_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
+        """`_send_now` for a message of several slots: every piece written and published in turn
+        (the receiver starts on the first while the next is copied in), as `_push` writes them."""
+        n, chunk, slots = buf.nbytes, self.chunk, self.slots
+        fifo = self.outbound[peer]
+        head = self.sent_head[peer]
+        if head - fifo.ctl[8] > slots - -(-n // chunk):
+            return False
+        data, headers, control = buf.reshape(-1).view(np.uint8), fifo.headers, fifo.control
+        for offset in range(0, n, chunk):
+            size = min(chunk, n - offset)
+            slot = head % slots
+            headers[slot] = (tag, n, offset, size)
+            fifo.data[slot, :size] = data[offset:offset + size]
+            head += 1
+            control[0] = head              # publish each piece at once
+        self.sent_head[peer] = head
+        return True
+
+    def _receive_pieces_now(self, buf: np.ndarray, peer: int, tag: int,
+                            reducer: Reducer | None) -> bool | _In:
+        """`_receive_now` for a message of several slots: each piece taken as it lands. False if the
+        first does not land within the one-slot spin (nothing taken); a request, installed as the
+        message being received from `peer`, if a later one does not (wait for it: `_pull` goes on
+        from there, with deadlines); true once the whole message is in."""
+        fifo = self.inbound[peer]
+        ctl, headers, slots = fifo.ctl, fifo.headers, self.slots
+        tail = self.read_tail[peer]
+        request = _In(peer, tag, buf, reducer, helpable=False)
         n = buf.nbytes
-        if (n > self.chunk or n >= self.rendezvous_bytes or self.posted[peer]
+        while request.pos < n:
+            polls = 0
+            while ctl[0] <= tail:
+                if self.active_out or self.active_in:
+                    self.progress()
+                polls += 1
+                if polls >= Backoff.SPIN_POLLS:
+                    if polls >= ONE_SLOT_POLLS:
+                        if not request.pos:
+                            return False
+                        self.read_tail[peer] = tail
+                        self.current[peer] = request
+                        self.active_in.add(peer)
+                        return request
+                    os.sched_yield()
+            slot = tail % slots
+            got_tag, message_bytes, offset, size = headers[slot].tolist()
+            if got_tag != tag or message_bytes != n or offset != request.pos or not 0 < size <= self.chunk:
+                if not request.pos:
+                    return False           # another message first: _pull sorts it out
+                raise chunk_mismatch(self.rank, peer, request, (got_tag, message_bytes, offset, size))
+            request.take(fifo.data[slot, :size])
+            tail += 1
+            ctl[8] = tail                  # the slot is free again
+        self.read_tail[peer] = tail
+        return True
+
+    def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> bool | _In:
+        """Take a message below the rendezvous size from `peer` with `tag` straight out of its slot
+        (`_receive_pieces_now` beyond one slot), if nothing else is being received from `peer` and
+        it lands within a short spin; false: post a receive instead."""
+        n = buf.nbytes
+        if (n >= self.rendezvous_bytes or self.posted[peer]
                 or self.current[peer] is not None or self.stashed[peer]):
             return False
+        if n > self.chunk:
+            return self._receive_pieces_now(buf, peer, tag, reducer)
         fifo = self.inbound[peer]
         tail = self.read_tail[peer]
         ctl = fifo.ctl
