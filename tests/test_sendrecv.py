@@ -131,6 +131,10 @@ def _pieces_late(comm) -> list:
     up its spin after the first and waits for the rest with its deadline."""
     transport, peer = comm.transport, 1 - comm.rank
     deadline = time.monotonic() + 20
+    posted = []
+    post = transport._post
+    transport._post = lambda request: (posted.append(request.nbytes) if request.nbytes > CHUNK
+                                       else None) or post(request)
     big = np.arange((3 * CHUNK) // 8, dtype=np.int64) + 7
     fillers = [np.full(2, k, np.int64) for k in range(3)]
     ready = np.zeros(1, np.int64)
@@ -149,14 +153,15 @@ def _pieces_late(comm) -> list:
     got = np.zeros_like(big)
     start = time.monotonic()
     transport.recv_wait(got, peer, TAG + 1, deadline)
-    return [bool(np.array_equal(got, big)), [f.tolist() for f in fillers], time.monotonic() - start]
+    return [bool(np.array_equal(got, big)), [f.tolist() for f in fillers], time.monotonic() - start, posted]
 
 
 @pytest.mark.timeout(60)
 def test_a_message_of_several_slots_whose_last_pieces_come_late_still_arrives():
-    _, (whole, fillers, waited) = colls.spawn(_pieces_late, 2, transport="shm", timeout=40)
+    _, (whole, fillers, waited, posted) = colls.spawn(_pieces_late, 2, transport="shm", timeout=40)
     assert whole and fillers == [[0, 0], [1, 1], [2, 2]]
     assert 0.1 < waited < 5
+    assert posted == []   # begun from its slots, then waited for as the message in progress
 
 
 def _mismatched(comm):

@@ -86,8 +86,8 @@ class Transport(ABC):
     def recv_wait(self, buf: np.ndarray, peer: int, tag: int, deadline: float,
                   reducer: Reducer | None = None) -> None:
         """Receive from `peer` into `buf` (combined into it by `reducer` when given) and wait for it:
-        a posted receive and `wait_all`, which a transport may do faster (shm: a message that fits
-        one slot is taken straight out of it)."""
+        a posted receive and `wait_all`, which a transport may do faster (shm: a message below its
+        rendezvous size is taken straight out of its slots)."""
         self.wait_all([self.irecv(buf, peer, tag) if reducer is None
                        else self.irecv_reduce(buf, peer, tag, reducer)], deadline)
 
@@ -97,7 +97,7 @@ class Transport(ABC):
         `reducer` when given), both posted before waiting: MPI_Sendrecv. The buffers are distinct.
 
         The step of most schedules; a transport may do it faster than a send and a receive apart
-        (shm: a message that fits one slot goes without any request)."""
+        (shm: a message below its rendezvous size goes without any request)."""
         send = self.isend(send_buf, dst, tag)
         receive = (self.irecv(recv_buf, src, tag) if reducer is None
                    else self.irecv_reduce(recv_buf, src, tag, reducer))

@@ -417,21 +417,21 @@ class ShmTransport(Transport):
                     if polls >= ONE_SLOT_POLLS:
                         if not request.pos:
                             return False
-                        self.read_tail[peer] = tail
                         self.current[peer] = request
                         self.active_in.add(peer)
                         return request
                     os.sched_yield()
             slot = tail % slots
             got_tag, message_bytes, offset, size = headers[slot].tolist()
-            if got_tag != tag or message_bytes != n or offset != request.pos or not 0 < size <= self.chunk:
+            if (got_tag != tag or message_bytes != n or offset != request.pos or not 0 < size <= self.chunk
+                    or offset + size > n):
                 if not request.pos:
                     return False           # another message first: _pull sorts it out
                 raise chunk_mismatch(self.rank, peer, request, (got_tag, message_bytes, offset, size))
             request.take(fifo.data[slot, :size])
             tail += 1
+            self.read_tail[peer] = tail    # (kept as it goes: an error above leaves the FIFO consistent)
             ctl[8] = tail                  # the slot is free again
-        self.read_tail[peer] = tail
         return True
 
     def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> bool | _In:

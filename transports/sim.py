@@ -764,7 +764,7 @@ class SimTransport(Transport):
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
         """A send and a receive posted together. On a network with `exchange_route` (a transport
-        that does the pair as one step, as shm's one-slot sendrecv), the send takes that route and
+        that does the pair as one step, as shm's sendrecv through its slots), the send takes that route and
         neither side pays a post: the route's α is the whole measured step."""
         world = self.world
         fused = None
