@@ -405,9 +405,9 @@ class ShmTransport(Transport):
         fifo = self.inbound[peer]
         ctl, headers, slots = fifo.ctl, fifo.headers, self.slots
         tail = self.read_tail[peer]
-        request = _In(peer, tag, buf, reducer, helpable=False)
+        request = None   # made once the first piece is there (a slow peer costs no allocation)
         n = buf.nbytes
-        while request.pos < n:
+        while request is None or request.pos < n:
             polls = 0
             while ctl[0] <= tail:
                 if self.active_out or self.active_in:
@@ -415,7 +415,7 @@ class ShmTransport(Transport):
                 polls += 1
                 if polls >= Backoff.SPIN_POLLS:
                     if polls >= ONE_SLOT_POLLS:
-                        if not request.pos:
+                        if request is None:
                             return False
                         self.current[peer] = request
                         self.active_in.add(peer)
@@ -423,11 +423,13 @@ class ShmTransport(Transport):
                     os.sched_yield()
             slot = tail % slots
             got_tag, message_bytes, offset, size = headers[slot].tolist()
-            if (got_tag != tag or message_bytes != n or offset != request.pos or not 0 < size <= self.chunk
-                    or offset + size > n):
-                if not request.pos:
+            if (got_tag != tag or message_bytes != n or offset != (0 if request is None else request.pos)
+                    or not 0 < size <= self.chunk or offset + size > n):
+                if request is None:
                     return False           # another message first: _pull sorts it out
                 raise chunk_mismatch(self.rank, peer, request, (got_tag, message_bytes, offset, size))
+            if request is None:
+                request = _In(peer, tag, buf, reducer, helpable=False)
             request.take(fifo.data[slot, :size])
             tail += 1
             self.read_tail[peer] = tail    # (kept as it goes: an error above leaves the FIFO consistent)
