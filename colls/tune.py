@@ -15,14 +15,17 @@ collective (on a one-rank group: no message), what posting a message costs the r
 sizes with as many ranks at once as there are cores (the memory bus is shared) and what one such
 numpy call costs whatever its size, the first touch of
 a new buffer, how long a waiting rank polls before it yields its core (in a send or receive, and
-in a sendrecv's one-slot wait), and what getting one back costs.
+in a sendrecv's one-slot wait; and, with mpiexec and mpi4py installed, in MPI's barrier, where
+`colls bench`'s ranks wait once their call has returned), and what getting one back costs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -296,6 +299,30 @@ def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300
     return max(0.0, shared - free - spin)
 
 
+def mpi_barrier_hold_seconds(wake: float, timeout: float = 120.0) -> float | None:
+    """How long a rank waiting in MPI's barrier polls before it yields its core: two ranks'
+    barriers pinned to one core (`colls.bench.barrier`, under this environment's mpiexec) less the
+    free barrier (a core each) and the wake-up `wake` of the rank that takes the core over; None
+    without mpiexec or mpi4py, or if the run fails."""
+    from .launcher import _FOREIGN_LAUNCHER_PREFIXES, find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        return None
+    # a job of its own: not the PMI connection of an mpiexec this rank may run under
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(_FOREIGN_LAUNCHER_PREFIXES)}
+    try:
+        done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "colls.bench.barrier"], env=env,
+                              capture_output=True, text=True, timeout=timeout, check=True)
+        measured = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if measured.get("two_cores_s") is None:   # one core only: nothing to hand over to
+        return None
+    return max(0.0, measured["one_core_s"] - measured["two_cores_s"] - wake)
+
+
 def work_seconds_per_byte(comm: Communicator, kind: str, nbytes: int, workers: int | None = None) -> float:
     """Seconds per byte of an in-place float32 sum (`kind` "reduce") or a copy ("copy") of `nbytes`,
     the first `workers` ranks (default every rank) at once after a barrier (the slowest one's,
@@ -424,9 +451,12 @@ def profile(comm: Communicator) -> dict:
             if fence is not None:
                 fence.close()
             pair.close()
+    if comm.rank == 0 and comm.size > cores:   # only ranks beyond the cores wait for one
+        hold = mpi_barrier_hold_seconds(extra["one_slot_wake_s"])
+        extra["barrier_hold_s"] = float("nan") if hold is None else hold
     names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
-             "one_slot_wake_s", "round_trip_before_ns", "round_trip_after_ns")
-    shared = comm.broadcast(np.array([extra.get(name, 0.0) for name in names]), root=0)
+             "one_slot_wake_s", "barrier_hold_s", "round_trip_before_ns", "round_trip_after_ns")
+    shared = comm.broadcast(np.array([extra.get(name, float("nan")) for name in names]), root=0)
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
@@ -442,7 +472,7 @@ def profile(comm: Communicator) -> dict:
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written, "send_s": send,
             **{name: float(value) for name, value in zip(names, shared, strict=True)
-               if not name.startswith("round_trip")},
+               if not name.startswith("round_trip") and value == value},   # NaN: not measured
             # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after
             "round_trip_ns": [round(float(value), 1) if value == value else None   # NaN: not measured
                               for name, value in zip(names, shared, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -173,6 +174,60 @@ def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
     assert a.core is None
     cores.release(b, 1.7e-3)                                # b returned at 1.7 ms and spins at its barrier
     assert not cores.claim(a, 2e-3) and cores.claim(a, 2.7e-3) and a.wake == 5e-5
+
+
+def test_a_rank_that_returned_keeps_its_core_as_long_as_mpis_barrier_polls():
+    from types import SimpleNamespace
+
+    from transports.sim import _Cores
+
+    # colls bench's ranks wait in MPI's barrier once their call is done: it yields after its own
+    # measured hold, not after colls' spin
+    cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5, returned_spin=4e-6))
+    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False) for _ in range(2))
+    assert cores.claim(a, 0.0)
+    cores.release(a, 1e-4, returned=True)
+    assert cores.next_free() == pytest.approx(1.04e-4) and cores.claim(b, 1.05e-4)
+    cores.release(b, 2e-4)                                  # b waits in the call: colls' spin
+    assert cores.next_free() == pytest.approx(1.2e-3)
+    machine = replace(profile(4, 2), barrier_hold=4e-6)
+    assert SharedMemory(4, machine).time_sharing.returned_spin == 4e-6
+    assert SharedMemory(4, profile(4, 2)).time_sharing.returned_spin is None   # unmeasured: `spin`
+
+
+def test_a_fused_exchange_is_work_that_holds_the_core():
+    import numpy as np
+
+    from transports.sim import SimWorld, symbolic
+
+    # a 16 KiB exchange takes 5 us; a FIFO send of 16 KiB kept its sender 2 us: each rank copies
+    # in 2 us, the bytes take 1 us, each copies out 2 us
+    machine = replace(profile(2, 1), start=0.0, exchange=((8, 3e-6), (16 * KIB, 5e-6)),
+                      send=((8, 1e-6), (16 * KIB, 2e-6)))
+    route = SharedMemory(2, machine).exchange_route(0, 1, 16 * KIB)
+    assert (route.send_busy, route.alpha, route.receive_busy) == pytest.approx((2e-6, 1e-6, 2e-6))
+    # the cross-memory sizes: both read the other's buffer, all but a message's α the reader's
+    cma = SharedMemory(2, replace(machine, exchange=machine.exchange + ((MIB, 60e-6),),
+                                  exchange_rendezvous=2 * MIB)).exchange_route(0, 1, MIB)
+    assert (cma.send_busy, cma.receive_busy) == (0.0, pytest.approx(60e-6 - 10e-6))
+
+    def body(transport):
+        peer = 1 - transport.rank
+        transport.sendrecv(symbolic(16 * KIB, np.uint8), peer, symbolic(16 * KIB, np.uint8), peer, 0,
+                           float("inf"))
+        return 0
+
+    def seconds(cores: int, network_machine) -> float:
+        world = SimWorld(2, SharedMemory(2, network_machine, cores))
+        world.run(body)
+        return max(world.finish_times)
+
+    assert seconds(2, machine) == pytest.approx(5e-6)   # a core each: the measured exchange
+    # one core, no spin or wake: rank 0 copies in [0, 2], waits; rank 1 copies in [2, 4], copies
+    # rank 0's out [4, 6] and returns; rank 0 copies rank 1's out [6, 8]. Priced as waiting, the
+    # ranks shared the core for nothing: 5 us
+    assert seconds(1, machine) == pytest.approx(8e-6)
+    assert seconds(1, replace(machine, send=())) == pytest.approx(5e-6)
 
 
 def test_profiles_combine_by_median_or_fastest(tmp_path):
@@ -666,6 +721,20 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     assert machine.one_slot_spin == pytest.approx(measured["one_slot_spin_s"])
     # the machine's mode while ranks 0 and 1 measured: a cache line's round trip before and after
     assert len(measured["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in measured["round_trip_ns"])
+
+
+@pytest.mark.timeout(150)
+def test_colls_tune_measures_how_long_mpis_barrier_holds_a_shared_core():
+    from colls.launcher import find_mpiexec
+    from colls.tune import mpi_barrier_hold_seconds
+
+    if find_mpiexec() is None:
+        pytest.skip("no mpiexec (the mpi extra)")
+    # two ranks' barriers on one core, less the free barrier and a wake-up: a few us on this
+    # machine (3.5 us with a 3.1 us wake-up, 2026-12-05); never negative, never a time slice
+    hold = mpi_barrier_hold_seconds(0.0)
+    assert hold is not None and 0 < hold < 1e-3
+    assert mpi_barrier_hold_seconds(1.0) == 0.0
 
 
 def test_each_numpy_call_pays_its_own_cost_once_and_the_tables_per_byte_exclude_it():

@@ -174,6 +174,12 @@ class Route:
     # message and the bytes cross `then`'s links before they arrive (a FIFO: the sender copies in,
     # then the receiver copies out, while the sender copies its next message in)
     then: Route | None = None
+    # a fused exchange's own CPU work (a network's `exchange_route`): its sender holds its core
+    # `send_busy` seconds before the bytes leave, its receiver `receive_busy` once they are there
+    # (and its reduction, if any). Only with time sharing does it matter that this is work and not
+    # waiting: a rank that waits lends its core to another after its spin; one that copies does not
+    send_busy: float = 0.0
+    receive_busy: float = 0.0
 
 
 class IdealNetwork:
@@ -207,7 +213,8 @@ class _SimRequest(Request):
         self.buf = buf
         self.reducer = reducer
         self.posted = owner.clock
-        self.pulled: tuple[float, _SimRequest] | None = None   # (copy seconds, the send it ends)
+        # (copy seconds alone, contended, the send it ends or None): work the owner does when it runs
+        self.pulled: tuple[float, float, _SimRequest | None] | None = None
 
 
 class _Message:
@@ -342,6 +349,9 @@ class TimeSharing:
     # (shm's one-slot receive polls the slot's head, far cheaper a turn than a request's wait)
     sendrecv_spin: float | None = None
     sendrecv_wake: float | None = None   # and what taking a core back from such a wait costs
+    # how long a rank that has returned keeps its core (None: `spin`): what it waits in next is
+    # the caller's (`colls bench` waits in MPI's barrier, which polls apart from colls' waits)
+    returned_spin: float | None = None
 
 
 class _Cores:
@@ -377,11 +387,12 @@ class _Cores:
         placement = self.sharing.placement
         return self.free[placement[rank.rank]] if placement and rank is not None else min(self.free)
 
-    def release(self, rank: _Rank, now: float) -> None:
-        """`rank` waits (or has returned: `colls bench` then waits at its barrier) from `now`; it
-        keeps its core `spin` longer."""
+    def release(self, rank: _Rank, now: float, returned: bool = False) -> None:
+        """`rank` waits (or has `returned`: `colls bench` then waits at its barrier) from `now`;
+        it keeps its core `spin` longer (or the spin of that wait)."""
         if rank.core is not None:
-            spin = self.sharing.sendrecv_spin if rank.in_sendrecv else None
+            spin = (self.sharing.returned_spin if returned
+                    else self.sharing.sendrecv_spin if rank.in_sendrecv else None)
             self.free[rank.core] = now + (self.sharing.spin if spin is None else spin)
 
 
@@ -490,7 +501,7 @@ class SimWorld:
         rank.finished = True
         rank.clock = max(rank.clock, self.now)
         if self._cores is not None:
-            self._cores.release(rank, rank.clock)
+            self._cores.release(rank, rank.clock, returned=True)
 
     def _woken(self, rank: _Rank) -> None:
         """A rank that took a core another rank had yielded pays the wake-up (time sharing)."""
@@ -688,6 +699,9 @@ class SimWorld:
             per_byte = recv.nbytes * recv.owner.slowdown
             recv.pulled = (per_byte * route.pull + reducing,
                            per_byte * (route.pull_contended or route.pull) + reducing, message.send)
+        elif route.receive_busy:   # a fused exchange: it copies out (and reduces) on its own core
+            busy = route.receive_busy * recv.owner.slowdown + reducing
+            recv.pulled = (busy, busy, None)
         else:
             done += reducing
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
@@ -803,8 +817,8 @@ class SimTransport(Transport):
             written = world.written is not None and id(_root(buf)) in world.written
             route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
                                                                               buf.nbytes, written)
-        else:
-            me.clock = max(me.clock, world.now)
+        else:   # the fused step's own copying in
+            me.clock = max(me.clock, world.now) + route.send_busy * me.slowdown
         request = _SimRequest("send", peer, tag, buf, me)
         data = None
         if not is_symbolic(buf):
@@ -870,7 +884,8 @@ class SimTransport(Transport):
                 pulled = getattr(request, "pulled", None)
                 if pulled is not None:
                     request.pulled = None
-                    me.clock = self.world.pull(max(me.clock, self.world.now), *pulled)
+                    start = max(me.clock, self.world.now)
+                    me.clock = start + pulled[0] if pulled[2] is None else self.world.pull(start, *pulled)
             outstanding = 0
             for request in requests:
                 if not request.done:

@@ -119,6 +119,9 @@ class Profile:
     # (bytes, seconds the sender of one FIFO message spends posting it and copying it in), below
     # the rendezvous size; empty: a send keeps its sender only for `post`
     send: tuple[tuple[int, float], ...] = ()
+    # how long a rank waiting in MPI's barrier keeps its core before it yields (`colls bench`'s
+    # ranks wait there once their call has returned); None: unmeasured, as long as colls' `spin`
+    barrier_hold: float | None = None
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -170,7 +173,9 @@ class Profile:
                      if all(kind in e.get("exchange_cma_bytes", {}) for e in entries)
                      else exchange_rendezvous_bytes(chunk, slots, size, kind == "reducing", cores)
                      for kind in ("plain", "reducing")),
-                   send=median_table("send_s") if all(e.get("send_s") for e in entries) else ())
+                   send=median_table("send_s") if all(e.get("send_s") for e in entries) else (),
+                   barrier_hold=combine([e["barrier_hold_s"] for e in entries])
+                   if all(e.get("barrier_hold_s") is not None for e in entries) else None)
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -280,7 +285,8 @@ class SharedMemory:
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake,
                                         sendrecv_spin=profile.one_slot_spin,
-                                        sendrecv_wake=profile.one_slot_wake)
+                                        sendrecv_wake=profile.one_slot_wake,
+                                        returned_spin=profile.barrier_hold)
         self.alloc_seconds_per_byte = profile.alloc_seconds_per_byte   # scratch buffers' page faults
         # posting a send or a receive is the rank's own work (a rank that sends and receives at
         # once does both in turn); the rest of a message's α is in the route
@@ -323,6 +329,7 @@ class SharedMemory:
         if nbytes >= profile.exchange_limit(reducing):
             return None
         seconds = profile.exchange_seconds(nbytes, reducing, written, after_work)
+        alone = seconds
         if self.footprint > nbytes:
             # a piece of a bigger call moves its bytes at no better rate than an exchange of the
             # call's size (as `route_for` prices a big piece): its lines come from where the call's
@@ -330,11 +337,25 @@ class SharedMemory:
             # where four alone take 126 us.
             whole = profile.exchange_seconds(self.footprint, reducing, written, after_work)
             seconds = max(seconds, whole * nbytes / self.footprint)
-        seconds -= profile.start
+        charged = profile.start   # and the reduction, which the receive charges itself
         if reducing and profile.exchange_reduce:
             gamma = profile.reduce_seconds_per_byte(self.footprint or nbytes)
-            seconds -= nbytes * gamma + profile.receive_reduce
-        return Route(max(0.0, seconds), (), f"fifo to {dst}", eager=True)
+            charged += nbytes * gamma + profile.receive_reduce
+        seconds, alone = max(0.0, seconds - charged), max(0.0, alone - charged)
+        # most of the step is the two ranks' own work, not waiting: each copies its message in (as
+        # long as a FIFO send kept its sender in the profile) and the other's out (as long again),
+        # or reads it by cross-memory attach (all but a message's α). With more ranks than cores,
+        # work holds a core where a wait lends it: priced as waiting, a 4-rank 16 MiB
+        # ring_segmented (256 KiB exchanges) came out at 2110 us, 6054 measured (2026-12-05)
+        own = profile.send_seconds(nbytes)
+        if nbytes >= profile.rendezvous:
+            send_busy, receive_busy = 0.0, max(0.0, seconds - profile.message_cost(nbytes)[0])
+        elif own is not None:
+            send_busy = receive_busy = seconds * (min(0.5, own / alone) if alone > 0 else 0.5)
+        else:   # an older profile, without the sender's own time: all of it waiting, as before
+            send_busy = receive_busy = 0.0
+        return Route(seconds - send_busy - receive_busy, (), f"fifo to {dst}", eager=True,
+                     send_busy=send_busy, receive_busy=receive_busy)
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""

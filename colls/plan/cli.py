@@ -122,6 +122,8 @@ def calibrate_table(args: argparse.Namespace) -> int:
               + (f" (one-slot spin {profile.one_slot_spin * 1e6:.1f} us, "
                  f"wake {profile.one_slot_wake * 1e6:.1f} us)"
                  if profile.one_slot_spin is not None and profile.one_slot_wake is not None else "")
+              + (f", MPI barrier's hold {profile.barrier_hold * 1e6:.1f} us"
+                 if profile.barrier_hold is not None else "")
               + "; calls "
               + ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in sorted(profile.call.items())))
     print(table(points))
