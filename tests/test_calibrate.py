@@ -230,6 +230,44 @@ def test_a_fused_exchange_is_work_that_holds_the_core():
     assert seconds(1, replace(machine, send=())) == pytest.approx(5e-6)
 
 
+def test_a_big_plain_message_is_copied_by_both_ranks_as_shm_asks_its_sender_to_help():
+    import numpy as np
+
+    from transports.shm import HELP_BYTES
+    from transports.sim import SimWorld, symbolic
+
+    # shm's receiver of a big plain message asks its sender to copy half (`_ask_help`), as in the
+    # profile's messages: each rank copies as long as the message took there, at once
+    machine = replace(profile(2, 1), start=0.0)   # cross-memory attach: 10 us + 0.1 ns/B
+    n = 4 * MIB
+    assert n >= HELP_BYTES
+    assert SharedMemory(2, machine).route_for(0, 1, n).helped
+    assert not SharedMemory(2, machine).route_for(0, 1, 64 * KIB).helped
+    copy = n * 1e-10
+
+    def plain(transport):
+        buf = symbolic(n, np.uint8)
+        if transport.rank == 0:
+            transport.wait_all([transport.isend(buf, 1, 0)], float("inf"))
+        else:
+            transport.wait_all([transport.irecv(buf, 0, 0)], float("inf"))
+        return 0
+
+    def exchange(transport):   # a sendrecv's receive: no help (its sender is receiving too)
+        peer = 1 - transport.rank
+        transport.sendrecv(symbolic(n, np.uint8), peer, symbolic(n, np.uint8), peer, 0, float("inf"))
+        return 0
+
+    def seconds(body, cores: int) -> float:
+        world = SimWorld(2, SharedMemory(2, machine, cores))
+        world.run(body)
+        return max(world.finish_times)
+
+    assert seconds(plain, 2) == pytest.approx(10e-6 + copy)       # a core each: the measured message
+    assert seconds(plain, 1) == pytest.approx(10e-6 + 2 * copy)   # one core: one share, then the other
+    assert seconds(exchange, 1) < 10e-6 + 3 * copy                # two reads, no halves on top
+
+
 def test_profiles_combine_by_median_or_fastest(tmp_path):
     def write(name: str, ranks: int, eight_bytes: float) -> str:
         path = tmp_path / name
@@ -577,10 +615,9 @@ def test_two_cross_memory_reads_at_once_slow_each_other_as_the_exchange_measured
     assert machine.contention(MIB) == pytest.approx(2.0)
     assert profile().contention(MIB) == 1.0   # nothing measured: no contention
 
-    def exchange(transport):
+    def exchange(transport):   # a sendrecv: each rank reads all of the other's (shm asks no help)
         incoming, outgoing = np.zeros(MIB, np.uint8), np.zeros(MIB, np.uint8)
-        receive = transport.irecv(incoming, 1 - transport.rank, 0)
-        transport.wait_all([transport.isend(outgoing, 1 - transport.rank, 0), receive], float("inf"))
+        transport.sendrecv(outgoing, 1 - transport.rank, incoming, 1 - transport.rank, 0, float("inf"))
         return transport.clock
 
     # the second read runs beside the first, and each rank also waits for its own send to be read

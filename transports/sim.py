@@ -180,6 +180,10 @@ class Route:
     # waiting: a rank that waits lends its core to another after its spin; one that copies does not
     send_busy: float = 0.0
     receive_busy: float = 0.0
+    # a pulled message whose receiver asks its sender to copy half (shm's `_ask_help`: a big plain
+    # message into a receive not made by a sendrecv): the sender then copies as long as the
+    # receiver does, on its own core when it runs, and the send completes when both have
+    helped: bool = False
 
 
 class IdealNetwork:
@@ -199,7 +203,7 @@ class IdealNetwork:
 # -- requests and messages ----------------------------------------------------------------------
 
 class _SimRequest(Request):
-    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key", "pulled")
+    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key", "pulled", "helpable", "joins")
 
     def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray, owner: _Rank,
                  reducer: Reducer | None = None) -> None:
@@ -213,8 +217,11 @@ class _SimRequest(Request):
         self.buf = buf
         self.reducer = reducer
         self.posted = owner.clock
-        # (copy seconds alone, contended, the send it ends or None): work the owner does when it runs
-        self.pulled: tuple[float, float, _SimRequest | None] | None = None
+        # work the owner does when it runs: (seconds alone, seconds while another rank pulls, the
+        # request it completes or None); contended None: its own copy, which no other pull slows
+        self.pulled: tuple[float, float | None, _SimRequest | None] | None = None
+        self.helpable = True   # a receive whose sender may be asked to copy half (`Route.helped`)
+        self.joins = 1         # completions it waits for (a helped send: the receiver's and its own)
 
 
 class _Message:
@@ -550,7 +557,9 @@ class SimWorld:
                 elif kind == _PORT_START:
                     self._start_flow(what)
                 else:
-                    self._done_request(what)
+                    what.joins -= 1
+                    if what.joins <= 0:
+                        self._done_request(what)
             elif self._dirty:
                 self._update_rates()
             elif events:
@@ -697,11 +706,19 @@ class SimWorld:
             recv.owner.after_work = True
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
-            recv.pulled = (per_byte * route.pull + reducing,
-                           per_byte * (route.pull_contended or route.pull) + reducing, message.send)
+            send = message.send
+            if route.helped and recv.reducer is None and recv.helpable:
+                # its half, and its sender the other: as the profile's message, two copies at once
+                # (a read beside it slows it no more: that is the other rank's copy, priced apart)
+                recv.pulled = (per_byte * route.pull, per_byte * route.pull, send)
+                send.joins += 1
+                send.pulled = (recv.nbytes * message.sender.slowdown * route.pull, None, send)
+                self._wake(send)
+            else:
+                recv.pulled = (per_byte * route.pull + reducing,
+                               per_byte * (route.pull_contended or route.pull) + reducing, send)
         elif route.receive_busy:   # a fused exchange: it copies out (and reduces) on its own core
-            busy = route.receive_busy * recv.owner.slowdown + reducing
-            recv.pulled = (busy, busy, None)
+            recv.pulled = (route.receive_busy * recv.owner.slowdown + reducing, None, None)
         else:
             done += reducing
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
@@ -723,6 +740,13 @@ class SimWorld:
         self._pulls.append(end)
         self._push(end, _COMPLETE, send)
         return end
+
+    def _wake(self, request: _SimRequest) -> None:
+        """`request` has work for its owner (`pulled`): resume the owner if it waits on it."""
+        owner = request.owner
+        if request.watched and owner.outstanding > 0:
+            owner.outstanding = 0
+            self._runnable.append(owner)
 
     def _done_request(self, request: _SimRequest) -> None:
         request.done = True
@@ -790,7 +814,8 @@ class SimTransport(Transport):
             fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
                                          reducing, written, after_work)
         send = self._send(send_buf, dst, tag, fused)
-        receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
+        # (shm asks no help for a sendrecv's receive: its sender is receiving too)
+        receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None, helpable=False)
         self.me.in_sendrecv = fused is not None
         try:
             self.wait_all([send, receive], deadline)
@@ -847,12 +872,13 @@ class SimTransport(Transport):
         return self._post_recv(buf, peer, tag, reducer)
 
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
-                   post: bool = True) -> Request:
+                   post: bool = True, helpable: bool = True) -> Request:
         me = self.me
         if self.world.written is not None:
             _written(buf)   # what arrives is written into it by this rank
         me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
+        request.helpable = helpable
         key = (self.group.id, peer, tag)
         sent = me.unmatched_sends.get(key)
         if sent:
@@ -885,7 +911,13 @@ class SimTransport(Transport):
                 if pulled is not None:
                     request.pulled = None
                     start = max(me.clock, self.world.now)
-                    me.clock = start + pulled[0] if pulled[2] is None else self.world.pull(start, *pulled)
+                    alone, contended, completes = pulled
+                    if contended is not None:
+                        me.clock = self.world.pull(start, alone, contended, completes)
+                    else:   # its own copy: a fused exchange's, or its half of a helped message
+                        me.clock = start + alone
+                        if completes is not None:
+                            self.world._push(me.clock, _COMPLETE, completes)
             outstanding = 0
             for request in requests:
                 if not request.done:

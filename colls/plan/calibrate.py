@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from algorithms import lookup
-from transports.shm import exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
+from transports.shm import HELP_BYTES, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 from transports.sim import Link, Route, SimTransport, TimeSharing
 
 from .simulate import run_algorithm, run_world
@@ -381,11 +381,14 @@ class SharedMemory:
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
         if size > nbytes:
             beta = self.profile.message_cost(size)[1] or beta
+        # from HELP_BYTES the receiver of a plain message asks its sender to copy half, as it did
+        # in the profile: each copies what the profile's message took (both at once there)
+        helped = nbytes >= HELP_BYTES
         if written:
             return Route(alpha, (), port, rendezvous=True, pull=beta * self.profile.written_slowdown(size),
-                         pull_contended=beta * self.profile.written_contention(size))
+                         pull_contended=beta * self.profile.written_contention(size), helped=helped)
         return Route(alpha, (), port, rendezvous=True, pull=beta,
-                     pull_contended=beta * self.profile.contention(size))
+                     pull_contended=beta * self.profile.contention(size), helped=helped)
 
 
 @dataclass(frozen=True)
