@@ -136,6 +136,22 @@ def test_every_collective_runs_right_and_writes_json(tmp_path, transport):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
+    # 4 ranks on this 2-CPU machine: ranks 2 and 3 sleep while 0 and 1 bounce the line
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no round trip to measure")
+    result = colls_bench("-n", "4", "-c", "all_reduce", "-b", "8", "-e", "64K", "-f", "8192", "-w", "1",
+                         "--iters", "3", "--no-baselines", "--json", "out.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = json.loads((tmp_path / "out.json").read_text())["records"]
+    assert len(records) == 2
+    for record in records:
+        assert len(record["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in record["round_trip_ns"])
+
+
+@needs_mpi
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_a_planted_bug_shows_in_wrong_and_the_exit_status(tmp_path):
     result = colls_bench("-n", "3", "-c", "reduce", "--algorithm", "binomial", "-b", "1K", "-e", "1K",

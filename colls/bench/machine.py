@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 ROUND_TRIPS = 2000   # ~0.5-1.6 ms a measurement on the reference machine
+SLEEP_S = 2e-4       # how often a rank that waits out a measurement looks whether it is over
 
 
 class CoreLink:
@@ -37,9 +38,10 @@ class CoreLink:
     def open(cls, rank: int, size: int, share: Callable[[int], int],
              barrier: Callable[[], None]) -> CoreLink | None:
         """Collective over the group whose `share` (rank 0's int to all) and `barrier` are given.
-        None with fewer than 2 ranks, or more ranks than this process may run on (two ranks on one
-        core would hand the line over only when the scheduler switches them)."""
-        if size < 2 or size > len(os.sched_getaffinity(0)):
+        None with fewer than 2 ranks or fewer than 2 CPUs to run on (two ranks on one core would
+        hand the line over only when the scheduler switches them). With more ranks than CPUs the
+        others sleep while ranks 0 and 1 bounce the line (`round_trip_ns`)."""
+        if size < 2 or len(os.sched_getaffinity(0)) < 2:
             return None
         made = -1
         if rank == 0:
@@ -73,6 +75,7 @@ class CoreLink:
         meanwhile: on one CPU each hand-over would wait for the scheduler."""
         self.barrier()
         if self.rank > 1:
+            self._sleep_through()
             return 0.0
         allowed = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {self.cpu})
@@ -80,6 +83,16 @@ class CoreLink:
             return self._bounce()
         finally:
             os.sched_setaffinity(0, allowed)
+            if self.rank == 0:
+                self.words[16] = self.count   # the other ranks may wake (a line of its own)
+
+    def _sleep_through(self) -> None:
+        """The ranks beyond 0 and 1 sleep until rank 0 has measured: polling, they would take
+        the CPUs the two need (4 ranks on 2 CPUs)."""
+        self.count += ROUND_TRIPS
+        deadline = time.monotonic() + 2.0   # as long as a bounce may take, and its give-up
+        while self.words[16] < self.count and time.monotonic() < deadline:
+            time.sleep(SLEEP_S)
 
     def _bounce(self) -> float | None:
         words = self.words
