@@ -706,6 +706,21 @@ def test_placed_ranks_take_only_their_own_core():
     assert len(placements(6, 3)) == 15 and placements(2, 2) == [(0, 1)]
 
 
+def test_a_call_of_more_ranks_reads_the_rates_of_more_memory():
+    # copies and sums cost the same up to 1 MiB in both machines, 10x more from 4 MiB in one: a
+    # 1 MiB call of 2 ranks touches what the profile's two did at 1 MiB, of 4 ranks twice that
+    flat = ((KIB, 1e-10), (64 * MIB, 1e-10))
+    steep = ((KIB, 1e-10), (MIB, 1e-10), (4 * MIB, 1e-9), (64 * MIB, 1e-9))
+
+    def machine(ranks: int, work) -> Profile:
+        return replace(profile(ranks, 4), reduce=work, copy=work)
+
+    assert predict("all_reduce", "ring", 2, MIB, machine(2, steep)) == \
+        pytest.approx(predict("all_reduce", "ring", 2, MIB, machine(2, flat)))
+    assert predict("all_reduce", "ring", 4, MIB, machine(4, steep)) > \
+        1.2 * predict("all_reduce", "ring", 4, MIB, machine(4, flat))
+
+
 def test_more_ranks_than_cores_predict_the_median_over_placements():
     import statistics
     from dataclasses import replace
@@ -721,10 +736,11 @@ def test_more_ranks_than_cores_predict_the_median_over_placements():
 
     times = []
     for placement in placements(4, 2):
-        network = SharedMemory(4, machine, footprint=MIB)
+        # 4 ranks touch twice the memory the profile's two measured with: the rates of 2 MiB
+        network = SharedMemory(4, machine, footprint=2 * MIB)
         network.time_sharing = replace(network.time_sharing, placement=placement)
-        times.append(run_world(4, network, body, machine.reduce_seconds_per_byte(MIB),
-                               machine.copy_seconds_per_byte(MIB)).seconds)
+        times.append(run_world(4, network, body, machine.reduce_seconds_per_byte(2 * MIB),
+                               machine.copy_seconds_per_byte(2 * MIB)).seconds)
     assert predict("broadcast", "pipeline", 4, MIB, machine) == pytest.approx(statistics.median(times))
     # on 4 cores nothing is shared: faster than any placement on 2
     assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4) < min(times)

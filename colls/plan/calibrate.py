@@ -411,8 +411,13 @@ class Point:
 def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
             cores: int | None = None) -> float:
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included)."""
-    network = SharedMemory(ranks, profile, cores, nbytes)
-    copy = profile.copy_seconds_per_byte(nbytes)
+    # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
+    # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
+    # 2 cores, 2026-12-05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
+    # within a 2-rank call and 585 us within a 4-rank one)
+    footprint = int(nbytes * max(1.0, ranks / 2))
+    network = SharedMemory(ranks, profile, cores, footprint)
+    copy = profile.copy_seconds_per_byte(footprint)
     overhead = profile.call.get(collective, 0.0) + profile.start
 
     # all_reduce copies x into out first unless the schedule reads x itself (broadcast's root works
@@ -426,7 +431,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
             transport.elapse(nbytes * copy)
         return run_algorithm(transport, collective, algorithm, nbytes, source=reads_x)
 
-    gamma = profile.reduce_seconds_per_byte(nbytes)
+    gamma = profile.reduce_seconds_per_byte(footprint)
     cores_used = network.time_sharing.cores
     per = ranks // cores_used
     ways = math.factorial(ranks) // (math.factorial(per) ** cores_used * math.factorial(cores_used))
@@ -436,7 +441,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     # as even as it can make it), so the model takes the median over the ways to deal the ranks out
     times = []
     for placement in placements(ranks, cores_used):
-        placed = SharedMemory(ranks, profile, cores, nbytes)
+        placed = SharedMemory(ranks, profile, cores, footprint)
         placed.time_sharing = replace(placed.time_sharing, placement=placement)
         times.append(run_world(ranks, placed, body, gamma, copy).seconds)
     return float(np.median(times))
