@@ -784,7 +784,7 @@ def test_colls_tune_measures_how_long_mpis_barrier_holds_a_shared_core():
     if find_mpiexec() is None:
         pytest.skip("no mpiexec (the mpi extra)")
     # two ranks' barriers on one core, less the free barrier and a wake-up: a few us on this
-    # machine (3.5 us with a 3.1 us wake-up, 2026-12-05); never negative, never a time slice
+    # machine (3.5 us with a 3.1 us wake-up, 2026-12-04); never negative, never a time slice
     hold = mpi_barrier_hold_seconds(0.0)
     assert hold is not None and 0 < hold < 1e-3
     assert mpi_barrier_hold_seconds(1.0) == 0.0

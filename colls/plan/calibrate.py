@@ -343,10 +343,12 @@ class SharedMemory:
             charged += nbytes * gamma + profile.receive_reduce
         seconds, alone = max(0.0, seconds - charged), max(0.0, alone - charged)
         # most of the step is the two ranks' own work, not waiting: each copies its message in (as
-        # long as a FIFO send kept its sender in the profile) and the other's out (as long again),
-        # or reads it by cross-memory attach (all but a message's α). With more ranks than cores,
+        # long as a FIFO send kept its sender in the profile) and the other's out (as long again);
+        # from the rendezvous size, where the profile has no sender's time (the plain exchanges
+        # read the other's buffer by cross-memory attach), all but a message's α is the receiver's
+        # work. With more ranks than cores,
         # work holds a core where a wait lends it: priced as waiting, a 4-rank 16 MiB
-        # ring_segmented (256 KiB exchanges) came out at 2110 us, 6054 measured (2026-12-05)
+        # ring_segmented (256 KiB exchanges) came out at 2110 us, 6054 measured (2026-12-04)
         own = profile.send_seconds(nbytes)
         if nbytes >= profile.rendezvous:
             send_busy, receive_busy = 0.0, max(0.0, seconds - profile.message_cost(nbytes)[0])
@@ -413,7 +415,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included)."""
     # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
     # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
-    # 2 cores, 2026-12-05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
+    # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
     # within a 2-rank call and 585 us within a 4-rank one)
     footprint = int(nbytes * max(1.0, ranks / 2))
     network = SharedMemory(ranks, profile, cores, footprint)
