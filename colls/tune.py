@@ -290,7 +290,8 @@ def one_slot_wake_seconds(pair: Communicator, free: float, spin: float, rounds: 
 def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300) -> float:
     """What a rank that yielded its core waits to get one back: an 8 B ping-pong of a two-rank
     `pair` pinned to one core (each message hands the core over) less the free one-way time `free`
-    and the `spin` the sender polls before it yields."""
+    and the `spin` the waiting rank polls before it yields (the one-slot wait's: the ping-pong's
+    receive takes that path)."""
     allowed = pinned({min(os.sched_getaffinity(0))})
     try:
         shared = pair_one_way_seconds(pair, SMALL_BYTES, rounds)
@@ -411,7 +412,9 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
             link.close()
         os.sched_setaffinity(0, before)
     # the wake-ups put both ranks on one core themselves (from every core allowed)
-    extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, spin), "post_s": post,
+    # the ping-pong receives as the schedules do, through the one-slot wait: its spin is that one's
+    extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, one_slot_spin),
+             "post_s": post,
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
              "round_trip_before_ns": float("nan") if mode_before is None else mode_before,

@@ -192,6 +192,10 @@ def test_a_rank_that_returned_keeps_its_core_as_long_as_mpis_barrier_polls():
     assert cores.next_free() == pytest.approx(1.2e-3)
     machine = replace(profile(4, 2), barrier_hold=4e-6)
     assert SharedMemory(4, machine).time_sharing.returned_spin == 4e-6
+    # taking a yielded core back costs at least the one-slot hand-over measured (a general
+    # wake-up measured as 0, as the profiles before 2026-12-05 did, is not one)
+    assert SharedMemory(4, replace(machine, wake=0.0, one_slot_wake=3e-6)).time_sharing.wake == 3e-6
+    assert SharedMemory(4, replace(machine, wake=5e-6, one_slot_wake=3e-6)).time_sharing.wake == 5e-6
     assert SharedMemory(4, profile(4, 2)).time_sharing.returned_spin is None   # unmeasured: `spin`
 
 

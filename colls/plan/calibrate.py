@@ -282,8 +282,13 @@ class SharedMemory:
         self.cores = Link("cores", (cores or profile.cores) * capacity)
         self.profile = profile
         self.footprint = footprint   # the call's bytes: whether its pieces stream from cache or memory
-        # more ranks than cores: a rank that waits longer than its spin yields and must wake up
-        self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, profile.wake,
+        # more ranks than cores: a rank that waits longer than its spin yields and must wake up;
+        # taking a yielded core back costs a switch whatever wait gave it up, so at least the
+        # one-slot hand-over measured (profiles before 2026-12-05 measured the general wake-up as 0:
+        # their ping-pong paid the one-slot spin, not the general one they took off). 4 ranks, four
+        # batches: 18.5/18.4/27.0/24.3% -> 17.5/15.6/23.0/20.7%
+        wake = max(profile.wake, profile.one_slot_wake or 0.0)
+        self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, wake,
                                         sendrecv_spin=profile.one_slot_spin,
                                         sendrecv_wake=profile.one_slot_wake,
                                         returned_spin=profile.barrier_hold)
