@@ -46,6 +46,15 @@ def test_tp_inside_a_node_beats_tp_across_nodes_and_pp_under_one_leaf_beats_spre
                for plan in (megatron, pp_close, tp_across)}
     assert seconds["dp,pp,tp"]["tp"] > 3 * seconds["tp,dp,pp"]["tp"]     # TP belongs inside a server
     assert seconds["tp,pp,dp"]["pp"] < seconds["tp,dp,pp"]["pp"]         # stages close: cheaper sends
+    # TP's all-reduces run inside every stage's forward and backward: the 1F1B step holds them
+    # (each stage's TP per step on top of its compute), and the whole step DP's all-reduce after it
+    for plan in (megatron, pp_close, tp_across):
+        tp = seconds[plan.training.placement]["tp"]
+        assert plan.pipeline_seconds >= plan.compute_seconds + tp
+        dp = seconds[plan.training.placement]["dp"]
+        assert plan.step_seconds == pytest.approx(plan.pipeline_seconds + dp)
+    slower = seconds["dp,pp,tp"]["tp"] - seconds["tp,dp,pp"]["tp"]
+    assert tp_across.step_seconds > megatron.step_seconds + 0.9 * slower
 
 
 @pytest.mark.timeout(60)

@@ -198,8 +198,11 @@ def _print_plan(plan: StepPlan) -> None:
               f"{_time(d.seconds_per_call):>12}{_time(d.seconds):>12}{d.bytes_sent / 1e6:>10.1f}MB"
               f"  {d.algorithm}")
     p, m = plan.training.pp, plan.training.micro_batches
-    print(f"{placement:<11}total communication {_time(plan.communication_seconds)}; 1F1B step "
-          f"{_time(plan.pipeline_seconds)} (compute {_time(plan.pipeline_ideal)}), bubble {plan.bubble:.3f} "
+    dp = plan.step_seconds - plan.pipeline_seconds
+    print(f"{placement:<11}total communication {_time(plan.communication_seconds)}; step "
+          f"{_time(plan.step_seconds)} = 1F1B {_time(plan.pipeline_seconds)} (compute "
+          f"{_time(plan.compute_seconds)}, TP/EP inside the stages "
+          f"{_time(plan.pipeline_ideal - plan.compute_seconds)}) + DP {_time(dp)}; bubble {plan.bubble:.3f} "
           f"simulated vs (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.3f}")
 
 

@@ -5,10 +5,13 @@ Each parallel dimension's traffic is simulated with every group of that dimensio
 
 - TP (Megatron-LM, Shoeybi et al. 2019): the f and g operators, 2 all-reduces forward and 2 backward
   per layer and micro-batch, of the activations b·s·h;
-- PP: the 1F1B schedule (Narayanan et al. 2021) *simulated*, compute included, so the bubble is
+- PP: the 1F1B schedule (Narayanan et al. 2021) *simulated*, each stage's work included (its
+  compute and its TP and EP collectives, which run inside every micro-batch), so the bubble is
   measured rather than taken from (p-1)/(m+p-1); each TP rank sends its 1/tp of the activations
   (Megatron's scatter-gather);
-- DP: one all-reduce per step of each rank's gradient shard Ψ/(tp·pp);
+- DP: one all-reduce per step of each rank's gradient shard Ψ/(tp·pp), after the pipeline;
+
+The step is the simulated 1F1B schedule, then DP's all-reduce (no overlap).
 - EP (GShard, Switch): 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
   backward) of the micro-batch's tokens × h × top-k; every other layer is an MoE layer.
 
@@ -109,9 +112,16 @@ class StepPlan:
 
     training: Training
     dimensions: list[DimensionTime]
-    pipeline_seconds: float       # the simulated 1F1B step (compute and stage-to-stage sends)
+    pipeline_seconds: float       # the simulated 1F1B step (each stage's work and stage-to-stage sends)
     pipeline_free_links: float    # the same schedule with sends that cost nothing
-    pipeline_ideal: float         # m · (forward + backward): the same work with no bubble and no sends
+    pipeline_ideal: float         # m · a stage's work per micro-batch: the same with no bubble and no sends
+    compute_seconds: float = 0.0  # m · (forward + backward): the stage's compute alone
+
+    @property
+    def step_seconds(self) -> float:
+        """One step: the 1F1B schedule (TP's and EP's collectives inside each stage's work), then
+        the gradient all-reduce (DP, not overlapped)."""
+        return self.pipeline_seconds + sum(d.seconds for d in self.dimensions if d.dimension == "dp")
 
     @property
     def bubble(self) -> float:
@@ -154,11 +164,16 @@ def plan_step(training: Training, cluster: Cluster) -> StepPlan:
         seconds, name, sent = _best("all_reduce", ("ring", "rabenseifner"), gradient, cluster, t, "dp")
         dimensions.append(DimensionTime("dp", 1, gradient, seconds, name, sent))
     forward, backward = t.compute_seconds()
-    pipeline = simulate_pipeline(t, cluster, forward, backward)
+    # TP's all-reduces and EP's all-to-alls run inside every micro-batch's forward and backward (half
+    # of each dimension's calls in either), on the pipeline's critical path: Megatron-LM waits for
+    # them before the next layer. So a stage's work per micro-batch includes them
+    inside = sum(d.seconds for d in dimensions if d.dimension in ("tp", "ep")) / m / 2
+    pipeline = simulate_pipeline(t, cluster, forward + inside, backward + inside)
     if t.pp > 1:   # one "call": what the stage-to-stage sends add to the simulated step
         dimensions.append(DimensionTime("pp", 1, t.activation_bytes // t.tp, pipeline.send_seconds,
                                         "1F1B p2p", pipeline.bytes_sent))
-    return StepPlan(t, dimensions, pipeline.seconds, pipeline.seconds_free_links, m * (forward + backward))
+    return StepPlan(t, dimensions, pipeline.seconds, pipeline.seconds_free_links,
+                    m * (forward + backward + 2 * inside), m * (forward + backward))
 
 
 def compare_placements(training: Training, cluster: Cluster,
