@@ -10,10 +10,10 @@ Each parallel dimension's traffic is simulated with every group of that dimensio
   measured rather than taken from (p-1)/(m+p-1); each TP rank sends its 1/tp of the activations
   (Megatron's scatter-gather);
 - DP: one all-reduce per step of each rank's gradient shard Ψ/(tp·pp), after the pipeline;
-
-The step is the simulated 1F1B schedule, then DP's all-reduce (no overlap).
 - EP (GShard, Switch): 4 all-to-alls per MoE layer and micro-batch (dispatch and combine, forward and
   backward) of the micro-batch's tokens × h × top-k; every other layer is an MoE layer.
+
+The step is the simulated 1F1B schedule, then DP's all-reduce (no overlap).
 
 Placement is the order of the dimensions from innermost (consecutive GPUs) to outermost:
 "tp,dp,pp" is Megatron's (TP inside a node, PP stages far apart), "tp,pp,dp" keeps the stages of a
