@@ -370,10 +370,6 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     def share(value: int) -> int:
         return int(pair.broadcast(np.array([value]), root=0)[0])
 
-    if hasattr(pair.transport, "adapting"):
-        # the profile measures each protocol where the thresholds put it, as the model prices them,
-        # not the one the transport has found faster lately (`ShmTransport.sendrecv`)
-        pair.transport.adapting = (False, False)
     link = CoreLink.open(pair.rank, pair.size, share, pair.barrier)   # before pinning: a core per rank
     before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
     try:
@@ -584,10 +580,9 @@ def exchange_crossover(pair: Communicator, reducing: bool) -> int:
     depends on the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB)."""
     transport = pair.transport
     name = "reduce_exchange_rendezvous_bytes" if reducing else "exchange_rendezvous_bytes"
-    kept, adapting = getattr(transport, name), transport.adapting
+    kept = getattr(transport, name)
     fifo: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
     cma: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
-    transport.adapting = (False, False)   # each protocol forced in turn, not chosen by recent times
     try:
         for _ in range(CROSSOVER_ROUNDS):
             for n in CROSSOVER_BYTES:
@@ -597,7 +592,6 @@ def exchange_crossover(pair: Communicator, reducing: bool) -> int:
                     times[n].append(exchange_seconds(pair, rounds, n, reduce=reducing))
     finally:
         setattr(transport, name, kept)
-        transport.adapting = adapting
     crossover = 2 * CROSSOVER_BYTES[-1]
     for n in reversed(CROSSOVER_BYTES):
         if statistics.median(cma[n]) > statistics.median(fifo[n]) * (1 - RULE_MARGIN):

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import cma
-from .adaptive import ProtocolChoice
 from .base import (
     COLLECTIVE_TAG_BASE,
     Backoff,
@@ -56,8 +55,6 @@ RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sen
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
-# a sendrecv of at least this many bytes takes the protocol that has been faster lately (`sendrecv`)
-ADAPTIVE_BYTES = int(os.environ.get("COLLS_SHM_ADAPTIVE_BYTES", str(64 << 10)))
 
 
 def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
@@ -245,14 +242,6 @@ class ShmTransport(Transport):
                                           if self.cma else 1 << 62)
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True)
                                                  if self.cma else 1 << 62)
-        # which exchanges choose their protocol by how long each took lately (see `sendrecv`): plain
-        # and reducing ones, where every rank has a core (a pull needs its receiver to run), unless
-        # the environment fixes the kind's threshold or COLLS_SHM_ADAPTIVE=0
-        adapts = (self.cma and size <= len(os.sched_getaffinity(0))
-                  and os.environ.get("COLLS_SHM_ADAPTIVE", "1") != "0")
-        self.adapting = (adapts and "COLLS_SHM_EXCHANGE_CMA_BYTES" not in os.environ,
-                         adapts and "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES" not in os.environ)
-        self.adaptive = ProtocolChoice()
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
@@ -306,50 +295,27 @@ class ShmTransport(Transport):
 
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
-        """Through the FIFO's slots or, from the exchange thresholds on (`exchange_rendezvous_bytes`),
-        each rank reading the other's buffer by cross-memory attach.
-
-        From `ADAPTIVE_BYTES` the thresholds only say where to start: every kind of call (plain or
-        reducing, sending what my last big sendrecv received or not, its size's power of two) takes
-        the protocol that has been faster in its last calls, trying the other now and then
-        (`transports.adaptive`). The machine's state decides, not the size alone: 2026-12-05, two
-        ranks, a 1 MiB exchange 505 us through the slots and 102 us by cross-memory attach for
-        minutes, where minutes before the slots had won (bench/RESULTS.md)."""
-        check_buffer(send_buf, "shm send")
-        check_buffer(recv_buf, "shm receive")
-        n = send_buf.nbytes
-        reducing = reducer is not None
-        # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
-        rendezvous = n >= (self.reduce_exchange_rendezvous_bytes if reducing
-                           else self.exchange_rendezvous_bytes)
-        adapting = n >= ADAPTIVE_BYTES and self.adapting[reducing]
-        if adapting or (rendezvous and not reducing and n < self.rendezvous_bytes):
-            # below the messages' threshold, not by cross-memory attach if it sends what my last
-            # big sendrecv received: those lines are dirty in my cache, and the peer's read of
-            # them was slower than the FIFO (2026-12-03: a 512 KiB all-gather step after a
-            # reducing one, 117 us against 85 us)
-            start = cma.address_of(send_buf)
-            low, high = self.last_received
-            dirty = start < high and low < start + n
-            if dirty and not reducing and n < self.rendezvous_bytes:
-                rendezvous = False
-            if adapting:
-                key = (reducing, dirty, n.bit_length())
-                rendezvous = self.adaptive.choose(key, rendezvous)
-                began = time.perf_counter()
-                self._sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer, rendezvous)
-                self.adaptive.record(key, rendezvous, time.perf_counter() - began, n)
-                return
-        self._sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer, rendezvous)
-
-    def _sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
-                  deadline: float, reducer: Reducer | None, rendezvous: bool) -> None:
         """A message below the rendezvous size, to or from an idle FIFO, goes without a request: the
         send is written and published at once, the receive taken straight out of the slots as they
         land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
         requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
-        messages, another tag first) takes the general path. The receive takes whichever protocol
-        its sender chose: a header says which."""
+        messages, another tag first) takes the general path."""
+        check_buffer(send_buf, "shm send")
+        check_buffer(recv_buf, "shm receive")
+        n = send_buf.nbytes
+        # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
+        if reducer is not None:
+            rendezvous = n >= self.reduce_exchange_rendezvous_bytes
+        else:
+            rendezvous = n >= self.exchange_rendezvous_bytes
+            if rendezvous and n < self.rendezvous_bytes:
+                # below the messages' threshold, not by cross-memory attach if it sends what my last
+                # big sendrecv received: those lines are dirty in my cache, and the peer's read of
+                # them was slower than the FIFO (2026-12-03: a 512 KiB all-gather step after a
+                # reducing one, 117 us against 85 us)
+                start = cma.address_of(send_buf)
+                low, high = self.last_received
+                rendezvous = not (start < high and low < start + n)
         if not rendezvous and self._send_now(send_buf, dst, tag):
             send = None
         else:
