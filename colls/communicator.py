@@ -24,6 +24,12 @@ from .selection import Selector
 from .trace import Tracer
 
 DEFAULT_TIMEOUT_S = 300.0
+# blocking calls of these collectives, from this many bytes of input, let the transport choose how
+# their messages move by how fast each way has been lately (`_choosing`). Rooted ones are left out:
+# rank 0 chooses for all by its own time, and a root that sends through a FIFO returns before its
+# receivers are done.
+CHOOSING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
+CHOOSE_BYTES = 128 << 10
 
 
 def default_timeout() -> float:
@@ -81,7 +87,24 @@ class Communicator(Collectives):
             return executor.run(description, async_op, self._job, body, description, seq, deadline_s,
                                 traffic, nbytes)
         with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
-            return self._job(body, description, seq, deadline_s, traffic, nbytes)
+            if nbytes < CHOOSE_BYTES or collective not in CHOOSING:
+                return self._job(body, description, seq, deadline_s, traffic, nbytes)
+            return self._choosing((collective, algorithm, nbytes), self._job, body, description, seq,
+                                  deadline_s, traffic, nbytes)
+
+    def _choosing(self, kind: tuple, run: Callable[..., Any], *args) -> Any:
+        """`run(*args)`, one blocking call of `kind` (collective, algorithm, bytes), between the
+        transport's `begin_call` and `end_call`: a transport with two ways to move a call's messages
+        takes the one that has been faster for this kind lately (`ShmTransport.begin_call`)."""
+        transport = self.transport
+        transport.begin_call(kind)
+        completed = False
+        try:
+            result = run(*args)
+            completed = True
+            return result
+        finally:
+            transport.end_call(completed)
 
     def _run_planned(self, plan: Plan, x: np.ndarray, work: np.ndarray, timeout: float | None) -> np.ndarray:
         """A blocking all_reduce whose checks `plan` made once (see `describe.Plan`): `_run` and
@@ -144,19 +167,26 @@ class Communicator(Collectives):
         else:
             return None
         channel = self._aim_plan(plan, timeout)
+        with self._executor.lock:
+            if x.nbytes < CHOOSE_BYTES:
+                self._run_blocks(plan, channel, send, work)
+            else:
+                self._choosing((collective, plan.algorithm.name, x.nbytes), self._run_blocks, plan, channel,
+                               send, work)
+        return work
+
+    def _run_blocks(self, plan: Plan, channel: Channel, send: np.ndarray, work: np.ndarray) -> None:
         # (a fault planted for the fuzzer's tests after the plan was made: the algorithm plants it)
         schedule = None if faults.ACTIVE else plan.schedule
-        with self._executor.lock:
-            try:
-                if schedule is None:
-                    plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
-                else:   # the algorithm's copy and exchanges, worked out when the plan was made
-                    run_block_schedule(channel, send if send.ndim == 1 else send.reshape(-1),
-                                       work if work.ndim == 1 else work.reshape(-1), schedule)
-            except BaseException as error:
-                self._broken(plan.description(), error)
-                raise
-        return work
+        try:
+            if schedule is None:
+                plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
+            else:   # the algorithm's copy and exchanges, worked out when the plan was made
+                run_block_schedule(channel, send if send.ndim == 1 else send.reshape(-1),
+                                   work if work.ndim == 1 else work.reshape(-1), schedule)
+        except BaseException as error:
+            self._broken(plan.description(), error)
+            raise
 
     def _run_planned_broadcast(self, x: object, root: object, out: object, algorithm: str | None,
                                async_op: bool, timeout: float | None) -> np.ndarray | None:

@@ -20,7 +20,7 @@ import json
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +117,16 @@ class Transport(ABC):
         np.copyto(scratch, buf)
         self.sendrecv(scratch, dst, buf, src, tag, deadline, reducer)
         return scratch
+
+    def begin_call(self, kind: Hashable) -> None:
+        """A blocking collective call of `kind` begins; every rank of the group makes it, in the same
+        order. A transport with two ways to move the call's messages may pick one for the whole
+        call here (shm); by default there is nothing to pick."""
+        return None
+
+    def end_call(self, completed: bool) -> None:
+        """The call `begin_call` announced has returned (`completed`: without an error)."""
+        return None
 
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:

@@ -19,11 +19,12 @@ import platform
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from . import cma
+from .adaptive import TIMED, ProtocolChoice
 from .base import (
     COLLECTIVE_TAG_BASE,
     Backoff,
@@ -49,6 +50,10 @@ HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
 HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words, abort reason
 ABORT_REASON_OFFSET = 64     # where in my header page my abort() writes its reason (UTF-8)
+# the header page's last bytes, in rank 0's segment: for each kind of call (`begin_call`) a byte,
+# 0 while rank 0 has not chosen, else 1 + the way it has chosen for all ranks
+CHOICES_OFFSET = HEADER_PAGE - 512
+ATTACH_ALL_BYTES = 64 << 10  # a call that goes by cross-memory attach (`begin_call`) does so from here
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
@@ -242,6 +247,15 @@ class ShmTransport(Transport):
                                           if self.cma else 1 << 62)
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True)
                                                  if self.cma else 1 << 62)
+        # whether a kind of call may go by cross-memory attach throughout, when that has been faster
+        # than the thresholds lately (`begin_call`): where every rank has a core (a pull needs its
+        # receiver to run) and unless COLLS_SHM_ADAPTIVE=0
+        self.adapting = (self.cma and size <= len(os.sched_getaffinity(0))
+                         and os.environ.get("COLLS_SHM_ADAPTIVE", "1") != "0")
+        self.adaptive = ProtocolChoice()
+        self.call_kinds: dict = {}      # key -> its byte in rank 0's table, in order of first call
+        self.attach_all = False         # this call sends by cross-memory attach from ATTACH_ALL_BYTES
+        self.timing: tuple | None = None   # rank 0, a timed call: (its kind, its way, when it began)
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
@@ -250,6 +264,47 @@ class ShmTransport(Transport):
         self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.closed = False
+
+    # -- the way a kind of call goes -------------------------------------------------------------
+
+    def begin_call(self, key: Hashable) -> None:
+        """A blocking call of kind `key` begins (every rank makes it, in the same order): send its
+        messages by the size thresholds (way 0) or by cross-memory attach from ATTACH_ALL_BYTES (way
+        1), whichever has been faster for this kind lately (`transports.adaptive`). Rank 0 times
+        its calls and chooses for all: the ranks' own times differ, and two ranks of an exchange
+        that each chose on their own took different ways and ran slower than by either. The
+        others read its choice from its header page and try the other way on the same calls.
+        (Kinds are numbered in the order of their first blocking call; a rank whose numbering
+        differs, say one that ran a call asynchronously where the others blocked, reads another
+        kind's choice: its messages still arrive, each message's header says how it moves.)
+
+        In the slow state of 2026-12-05 (bench/RESULTS.md) cross-memory attach throughout was 3-5x
+        faster for a 2-rank all_to_all or all_gather of 1-4 MiB, and the thresholds were 1.3x
+        faster for a reduce_scatter of 1 MiB; in the fast state the thresholds won."""
+        if not self.adapting:
+            return
+        index = self.call_kinds.get(key)
+        if index is None:
+            if len(self.call_kinds) >= HEADER_PAGE - CHOICES_OFFSET:
+                return   # (a table full of kinds: the rest keep the thresholds)
+            index = self.call_kinds[key] = len(self.call_kinds)
+        if self.rank == 0:
+            code = self.adaptive.choose(index, 0)
+            if code & TIMED:
+                self.timing = (index, code & 1, time.perf_counter())
+        else:
+            chosen = int(self.peers[0].array[CHOICES_OFFSET + index])
+            code = self.adaptive.choose(index, 0, chosen - 1 if chosen else None)
+        self.attach_all = bool(code & 1)
+
+    def end_call(self, completed: bool) -> None:
+        """The call `begin_call` announced has returned (`completed`: without an error)."""
+        self.attach_all = False
+        timing, self.timing = self.timing, None
+        if timing is not None and completed:
+            index, way, began = timing
+            self.adaptive.record(index, way, time.perf_counter() - began, 1)
+            self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
 
     # -- posting ---------------------------------------------------------------------------------
 
@@ -261,7 +316,9 @@ class ShmTransport(Transport):
             sent = Request("send", peer, tag, buf.nbytes)
             sent.done = True
             return sent
-        return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes)
+        n = buf.nbytes
+        return self._isend(buf, peer, tag,
+                           n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES))
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
         request = _Out(peer, tag, buf, rendezvous)
@@ -304,7 +361,9 @@ class ShmTransport(Transport):
         check_buffer(recv_buf, "shm receive")
         n = send_buf.nbytes
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
-        if reducer is not None:
+        if self.attach_all and n >= ATTACH_ALL_BYTES:
+            rendezvous = True   # this kind of call goes by cross-memory attach (`begin_call`)
+        elif reducer is not None:
             rendezvous = n >= self.reduce_exchange_rendezvous_bytes
         else:
             rendezvous = n >= self.exchange_rendezvous_bytes
@@ -353,7 +412,7 @@ class ShmTransport(Transport):
         """Write a message below the rendezvous size to `peer` now if nothing is queued before it
         and the slots it takes are free (`_send_pieces_now` beyond one slot)."""
         n = buf.nbytes
-        if self.sends[peer] or n >= self.rendezvous_bytes:
+        if self.sends[peer] or n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES):
             return False
         if n > self.chunk:
             return self._send_pieces_now(buf, peer, tag)
@@ -441,7 +500,7 @@ class ShmTransport(Transport):
         (`_receive_pieces_now` beyond one slot), if nothing else is being received from `peer` and
         it lands within a short spin; false: post a receive instead."""
         n = buf.nbytes
-        if (n >= self.rendezvous_bytes or self.posted[peer]
+        if (n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES) or self.posted[peer]
                 or self.current[peer] is not None or self.stashed[peer]):
             return False
         if n > self.chunk:
@@ -732,10 +791,10 @@ class ShmTransport(Transport):
         self.aborted = reason
         # the reason goes into my own header page first, then the word into every peer's (x86 keeps
         # the order of stores, so a peer that sees the word reads the whole reason)
-        text = reason.encode()[:HEADER_PAGE - ABORT_REASON_OFFSET]
+        text = reason.encode()[:CHOICES_OFFSET - ABORT_REASON_OFFSET - 1]
         page = self.segment.array
         page[ABORT_REASON_OFFSET:ABORT_REASON_OFFSET + len(text)] = np.frombuffer(text, np.uint8)
-        page[ABORT_REASON_OFFSET + len(text):HEADER_PAGE] = 0
+        page[ABORT_REASON_OFFSET + len(text):CHOICES_OFFSET] = 0
         for word in self.abort_words:
             word[0] = self.rank + 1          # every peer sees it at its next liveness check
 
@@ -743,7 +802,7 @@ class ShmTransport(Transport):
         word = self.abort_words[self.rank]   # peers write into my segment's word
         if word[0]:
             aborter = int(word[0]) - 1
-            page = self.peers[aborter].array[ABORT_REASON_OFFSET:HEADER_PAGE]
+            page = self.peers[aborter].array[ABORT_REASON_OFFSET:CHOICES_OFFSET]
             reason = page.tobytes().split(b"\0", 1)[0].decode(errors="replace")
             raise CommunicatorAborted(f"rank {self.rank}: {reason or f'aborted by rank {aborter}'}")
         if self.watched is not None:

@@ -1,0 +1,160 @@
+"""A kind of call takes the way (thresholds or cross-memory attach throughout) that has been faster
+lately: `transports.adaptive` and `ShmTransport.begin_call`."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import colls
+from transports.adaptive import TIMED, ProtocolChoice
+from transports.shm import CHOICES_OFFSET
+
+KEY = ("all_to_all", "pairwise", 1 << 20)
+
+
+def _run(choice: ProtocolChoice, seconds: dict[int, float], calls: int, nbytes: int = 1 << 20) -> list[int]:
+    """`calls` calls of KEY that take `seconds[way]`, timed when asked to; the way of each."""
+    taken = []
+    for _ in range(calls):
+        code = choice.choose(KEY, 0)
+        if code & TIMED:
+            choice.record(KEY, code & 1, seconds[code & 1], nbytes)
+        taken.append(code & 1)
+    return taken
+
+
+def test_nothing_is_tried_before_explore_every_calls_then_three_calls_in_a_row():
+    choice = ProtocolChoice(explore_every=16)
+    taken = _run(choice, {0: 100e-6, 1: 300e-6}, 100)
+    tries = [i + 1 for i, way in enumerate(taken) if way]
+    assert tries == [16, 17, 18, 32, 33, 34, 48, 49, 50, 64, 65, 66, 80, 81, 82, 96, 97, 98]
+    assert choice.preferred(KEY) == 0
+
+
+def test_only_the_calls_before_a_try_and_its_last_two_are_timed():
+    choice = ProtocolChoice(explore_every=16)
+    timed = [i + 1 for i in range(50) if choice.choose(KEY, 0) & TIMED]
+    # the first call of a try pays for the change of way: not timed
+    assert timed == [14, 15, 17, 18, 30, 31, 33, 34, 46, 47, 49, 50]
+
+
+def test_the_faster_way_takes_over_at_its_first_try():
+    choice = ProtocolChoice(explore_every=16)
+    taken = _run(choice, {0: 500e-6, 1: 100e-6}, 64)
+    assert taken[:15] == [0] * 15            # the prior until the first try
+    assert all(taken[15:31])                 # taken over there (calls 16-18 were the try)
+    assert taken[31:34] == [0, 0, 0]         # the old way's try
+    assert choice.preferred(KEY) == 1
+
+
+def test_a_change_of_state_is_followed_within_one_period():
+    choice = ProtocolChoice(explore_every=16)
+    _run(choice, {0: 100e-6, 1: 300e-6}, 100)
+    assert choice.preferred(KEY) == 0
+    taken = _run(choice, {0: 500e-6, 1: 100e-6}, 40)   # now the other way is five times faster
+    switch = taken.index(1)
+    assert choice.preferred(KEY) == 1 and switch < 16
+    assert taken[switch:].count(0) <= 3 * (1 + (40 - switch) // 16)   # the old way on its tries only
+    taken = _run(choice, {0: 100e-6, 1: 500e-6}, 60)   # and back again
+    switch = taken.index(0)
+    assert choice.preferred(KEY) == 0 and switch < 16
+    assert taken[switch:].count(1) <= 3 * (1 + (60 - switch) // 16)
+
+
+def test_a_way_within_the_margin_does_not_take_over():
+    choice = ProtocolChoice(explore_every=16, margin=0.1)
+    _run(choice, {0: 100e-6, 1: 95e-6}, 100)
+    assert choice.preferred(KEY) == 0
+    choice = ProtocolChoice(explore_every=16, margin=0.1)
+    _run(choice, {0: 100e-6, 1: 85e-6}, 100)
+    assert choice.preferred(KEY) == 1
+
+
+def test_times_compare_per_byte_and_keys_apart():
+    choice = ProtocolChoice(explore_every=8)
+    for _ in range(10):   # key A: way 1 is faster per byte, though its calls are bigger
+        code = choice.choose("A", 0)
+        if code & TIMED:
+            way = code & 1
+            choice.record("A", way, (150e-6, 100e-6)[way] * (1 + way), (1 + way) << 20)
+    choice.choose("B", 1)
+    assert choice.preferred("A") == 1
+    assert choice.preferred("B") == 1 and choice.preferred("C") is None
+    preferred, calls, by_slots, by_attach = choice.summary()["A"]
+    assert (preferred, calls) == (1, 10)
+    assert by_slots == pytest.approx(150e-6 / (1 << 20)) and by_attach == pytest.approx(100e-6 / (1 << 20))
+
+
+def test_a_follower_takes_the_way_it_is_given_and_tries_on_the_same_calls():
+    leader, follower = ProtocolChoice(explore_every=16), ProtocolChoice(explore_every=16)
+    for _ in range(100):
+        given = leader.preferred(KEY)   # what the leader had chosen when the call began
+        code = leader.choose(KEY, 0)
+        if code & TIMED:
+            leader.record(KEY, code & 1, {0: 300e-6, 1: 100e-6}[code & 1], 1 << 20)
+        assert follower.choose(KEY, 0, given) & 1 == code & 1
+    assert follower.preferred(KEY) == leader.preferred(KEY) == 1
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="explore_every"):
+        ProtocolChoice(explore_every=4)
+    with pytest.raises(ValueError, match="margin"):
+        ProtocolChoice(margin=1.5)
+
+
+def _all_to_alls(comm, nbytes: int, calls: int) -> list:
+    """`calls` all_to_alls of `nbytes` of int32 (the planned path after the first), each checked;
+    what every call got right, the cross-memory reads this rank's sends asked for, its choices and
+    rank 0's published table."""
+    transport = comm.transport
+    count = nbytes // 4
+    wrong = 0
+    for i in range(calls):
+        x = np.arange(count, dtype=np.int32) + 1000 * comm.rank + i
+        got = comm.all_to_all(x)
+        want = np.concatenate([np.arange(count, dtype=np.int32).reshape(comm.size, -1)[comm.rank]
+                               + 1000 * peer + i for peer in range(comm.size)])
+        wrong += int(np.count_nonzero(got != want))
+    posted = sum(transport.rendezvous_posted)
+    summary = {repr(key): list(value) for key, value in transport.adaptive.summary().items()}
+    table = transport.peers[0].array[CHOICES_OFFSET:CHOICES_OFFSET + 4].tolist()
+    return [wrong, posted, transport.adapting, summary, table, dict(transport.call_kinds)]
+
+
+@pytest.mark.timeout(120)
+def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(8 << 20))   # whatever a tune file says
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores the calls keep the thresholds (no choice made)")
+    calls = 140   # the first try is on call 64, the second on call 128
+    ranks = colls.spawn(_all_to_alls, 2, transport="shm", args=(1 << 20, calls), timeout=100)
+    wrong_0, posted_0, adapting, summary_0, table, kinds_0 = ranks[0]
+    wrong_1, posted_1, _, summary_1, _, kinds_1 = ranks[1]
+    assert wrong_0 == wrong_1 == 0
+    if not adapting:
+        pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+    assert kinds_0 == kinds_1 == {("all_to_all", "pairwise", 1 << 20): 0}   # one kind, numbered alike
+    preferred, made, by_slots, by_attach = summary_0["0"]
+    assert made == calls and by_slots is not None and by_attach is not None   # both ways timed
+    kept, other = (by_attach, by_slots) if preferred else (by_slots, by_attach)
+    assert other >= kept * (1 - ProtocolChoice().margin)   # the faster one is kept
+    assert table[0] == 1 + preferred                      # and published for the other ranks
+    # rank 1 keeps no times of its own and takes rank 0's way
+    assert summary_1["0"][:2] == [preferred, calls] and summary_1["0"][2:] == [None, None]
+    # the 512 KiB exchanges went by cross-memory attach on the tries at least (the thresholds send
+    # them through the slots)
+    assert posted_0 >= 4 and posted_1 >= 4
+
+
+@pytest.mark.timeout(60)
+def test_no_choice_is_made_when_switched_off(monkeypatch):
+    monkeypatch.setenv("COLLS_SHM_ADAPTIVE", "0")
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(8 << 20))
+    for wrong, posted, adapting, summary, _, kinds in colls.spawn(_all_to_alls, 2, transport="shm",
+                                                                    args=(1 << 20, 70), timeout=50):
+        assert wrong == 0 and not adapting and summary == {} and kinds == {}
+        assert posted == 0   # the thresholds throughout: 512 KiB exchanges through the slots
