@@ -25,7 +25,8 @@ from .trace import Tracer
 
 DEFAULT_TIMEOUT_S = 300.0
 # blocking calls of these collectives, from this many bytes of input, let the transport choose how
-# their messages move by how fast each way has been lately (`_choosing`). Rooted ones are left out:
+# their messages move by how fast each way has been lately (`_choosing`; shm with
+# COLLS_SHM_ADAPTIVE=1). Rooted ones are left out:
 # rank 0 chooses for all by its own time, and a root that sends through a FIFO returns before its
 # receivers are done.
 CHOOSING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})

@@ -10,19 +10,27 @@ through the slots and 102 us by cross-memory attach, 4 MiB 2100 against 280 us; 
 `colls bench` all_to_all of 1 MiB had run its 512 KiB exchanges through the slots in 55 us, and
 forcing cross-memory attach made it 78 us. Thresholds are right for the state they were measured in.
 
-So a kind of call (a key) may take one of two ways, and a `ProtocolChoice` keeps the last two
-times of each and takes the one whose recent mean is lower. The one not in use is tried on three
-calls in a row every `explore_every` calls, the first of them untimed: the first call after a change
-of way pays for the change (a 2-rank 1 MiB reduce_scatter took 305 and 145 us on its first two calls
-through the slots after calls by cross-memory attach, 57 us from then on). The way in use is timed
-on the two calls before each try. Nothing is tried before the key's `explore_every`-th call: a
-key's first calls are slow whatever the way (800, then 279 us for that reduce_scatter), and tries
-among them once chose the slower way for the next 30 calls. A change of state is seen within
-`explore_every` calls; a wrong guess costs three calls in `explore_every`. This is how STAR-MPI
-(Faraj, Yuan & Lowenthal, ICS 2006) picks among collective algorithms at run time. Like STAR-MPI it
-must time whole calls: timing each exchange on its own (tried 2026-12-05, commit 3c98fbb) chose
-against the call, e.g. a 2-rank 1 MiB all_to_all ran in 81.7 us against 55.3 us with the thresholds,
-because how one exchange went moved the cost of the copies around it.
+So a kind of call (a key) may take one of two ways, and a `ProtocolChoice` keeps the last five
+times of each and takes the one whose median is lower. The way not in use is tried on `TRY` calls
+in a row, first on a key's `FIRST_TRY`-th call and then every `explore_every` calls, the first
+call of a try untimed: it pays for the change of way (a 2-rank 1 MiB reduce_scatter took 305 and
+145 us on its first two calls through the slots after calls by cross-memory attach, 57 us from then
+on). The way in use is timed on the five calls before each try. A key's first calls are slow
+whichever the way (800, then 279 us for that reduce_scatter), and tries among them once chose the
+slower way for the next 30 calls; so the first try waits. Five times a side, and their medians:
+one call of the slow state took anything from 104 to 470 us by one way, and means of two times
+chose the slower way for a 1 MiB reduce_scatter in two runs of three. A change of state is seen
+within `explore_every` calls; a try costs `TRY` calls by the slower way in `explore_every`. This is
+how STAR-MPI (Faraj, Yuan & Lowenthal, ICS 2006) picks among collective algorithms at run time. Like
+STAR-MPI it times whole calls: timing each exchange on its own (tried 2026-12-05, commit 3c98fbb)
+chose against the call, e.g. a 2-rank 1 MiB all_to_all ran in 81.7 us against 55.3 us with the
+thresholds, because how one exchange went moved the cost of the copies around it.
+
+What it does not get right yet: a call's time depends on what ran before it. The shm transport
+times only calls that follow one of their kind within 1 ms, but in `colls bench`, whose rounds put
+MPI's and Gloo's calls between colls' (2026-12-05, fast state), the choice still took the slower
+way now and then (1 MiB all_to_all 81-90 us against 62 with the thresholds). So the shm transport
+asks for a choice only with COLLS_SHM_ADAPTIVE=1.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 
-TIMED = 2   # `ProtocolChoice.choose`'s answer has this bit set when the call is to be timed
+TIMED = 2       # `ProtocolChoice.choose`'s answer has this bit set when the call is to be timed
+TRY = 6         # calls a try of the other way lasts (the first untimed); as many less one before it
+FIRST_TRY = 16  # a key's call on which its first try starts
 
 
 class _Calls:
@@ -53,12 +63,12 @@ class ProtocolChoice:
     caller that follows another's choices (rank 0's, say) passes `preferred`, the other's current
     choice, and records nothing: it still tries the other way on the same calls of the key."""
 
-    def __init__(self, explore_every: int = 64, keep: int = 2, margin: float = 0.05) -> None:
-        if explore_every < 8 or keep < 1 or not 0 <= margin < 1:
-            raise ValueError(f"ProtocolChoice: explore_every >= 8, keep >= 1 and 0 <= margin < 1, got "
-                             f"{explore_every}, {keep}, {margin}")
+    def __init__(self, explore_every: int = 96, margin: float = 0.05) -> None:
+        if explore_every < 2 * TRY or not 0 <= margin < 1:
+            raise ValueError(f"ProtocolChoice: explore_every >= {2 * TRY} and 0 <= margin < 1, got "
+                             f"{explore_every}, {margin}")
         self.explore_every = explore_every
-        self.keep = keep
+        self.keep = TRY - 1
         self.margin = margin   # the other way must be this much faster to take over
         self.keys: dict[Hashable, _Calls] = {}
 
@@ -70,11 +80,11 @@ class ProtocolChoice:
         if preferred is not None:
             seen.preferred = preferred
         seen.calls += 1
-        phase = seen.calls % self.explore_every
-        if phase < 3 and seen.calls >= self.explore_every:
+        phase = (seen.calls - FIRST_TRY) % self.explore_every
+        if phase < TRY and seen.calls >= FIRST_TRY:
             return (TIMED if phase else 0) | (1 - seen.preferred)   # a try of the other
-        if phase >= self.explore_every - 2:
-            return TIMED | seen.preferred             # what the tries are compared with
+        if phase >= self.explore_every - (TRY - 1):
+            return TIMED | seen.preferred             # what the try is compared with
         return seen.preferred
 
     def record(self, key: Hashable, way: int, seconds: float, nbytes: int) -> None:
@@ -82,7 +92,7 @@ class ProtocolChoice:
         seen = self.keys[key]
         seen.times[way].append(seconds / max(nbytes, 1))
         ours, other = seen.times[seen.preferred], seen.times[1 - seen.preferred]
-        if len(other) == self.keep and sum(other) / len(other) < sum(ours) / len(ours) * (1 - self.margin):
+        if len(other) == len(ours) == self.keep and _median(other) < _median(ours) * (1 - self.margin):
             seen.preferred = 1 - seen.preferred
 
     def preferred(self, key: Hashable) -> int | None:
@@ -91,7 +101,13 @@ class ProtocolChoice:
         return None if seen is None else seen.preferred
 
     def summary(self) -> dict[Hashable, tuple[int, int, float | None, float | None]]:
-        """Per key: (preferred way, calls, mean recent seconds per byte of 0, of 1)."""
+        """Per key: (preferred way, calls, median recent seconds per byte of 0, of 1)."""
         return {key: (seen.preferred, seen.calls,
-                      *(sum(times) / len(times) if times else None for times in seen.times))
+                      *(_median(times) if times else None for times in seen.times))
                 for key, seen in self.keys.items()}
+
+
+def _median(times: deque[float]) -> float:
+    ordered = sorted(times)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

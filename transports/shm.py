@@ -54,6 +54,7 @@ ABORT_REASON_OFFSET = 64     # where in my header page my abort() writes its rea
 # 0 while rank 0 has not chosen, else 1 + the way it has chosen for all ranks
 CHOICES_OFFSET = HEADER_PAGE - 512
 ATTACH_ALL_BYTES = 64 << 10  # a call that goes by cross-memory attach (`begin_call`) does so from here
+STEADY_GAP_S = 1e-3          # a call this soon after one of its kind is timed for the choice
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
@@ -248,14 +249,15 @@ class ShmTransport(Transport):
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True)
                                                  if self.cma else 1 << 62)
         # whether a kind of call may go by cross-memory attach throughout, when that has been faster
-        # than the thresholds lately (`begin_call`): where every rank has a core (a pull needs its
-        # receiver to run) and unless COLLS_SHM_ADAPTIVE=0
+        # than the thresholds lately (`begin_call`): with COLLS_SHM_ADAPTIVE=1, where every rank has
+        # a core (a pull needs its receiver to run)
         self.adapting = (self.cma and size <= len(os.sched_getaffinity(0))
-                         and os.environ.get("COLLS_SHM_ADAPTIVE", "1") != "0")
+                         and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1")
         self.adaptive = ProtocolChoice()
         self.call_kinds: dict = {}      # key -> its byte in rank 0's table, in order of first call
         self.attach_all = False         # this call sends by cross-memory attach from ATTACH_ALL_BYTES
         self.timing: tuple | None = None   # rank 0, a timed call: (its kind, its way, when it began)
+        self.last_call = (-1, 0.0)         # rank 0: the kind of the last call, and when it ended
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
@@ -278,9 +280,12 @@ class ShmTransport(Transport):
         differs, say one that ran a call asynchronously where the others blocked, reads another
         kind's choice: its messages still arrive, each message's header says how it moves.)
 
-        In the slow state of 2026-12-05 (bench/RESULTS.md) cross-memory attach throughout was 3-5x
-        faster for a 2-rank all_to_all or all_gather of 1-4 MiB, and the thresholds were 1.3x
-        faster for a reduce_scatter of 1 MiB; in the fast state the thresholds won."""
+        Off unless COLLS_SHM_ADAPTIVE=1. In the slow state of 2026-12-05 (bench/RESULTS.md) cross-
+        memory attach throughout was 3-5x faster for a 2-rank all_to_all or all_gather of 1-4 MiB,
+        and the thresholds 1.3x faster for a reduce_scatter of 1 MiB; in the fast state the
+        thresholds won. Interleaved with calls to MPI and Gloo (`colls bench`), the choice also
+        took the slower way in the fast state now and then (a 1 MiB all_to_all 81-90 us against
+        62), so it is not the default."""
         if not self.adapting:
             return
         index = self.call_kinds.get(key)
@@ -290,8 +295,13 @@ class ShmTransport(Transport):
             index = self.call_kinds[key] = len(self.call_kinds)
         if self.rank == 0:
             code = self.adaptive.choose(index, 0)
-            if code & TIMED:
-                self.timing = (index, code & 1, time.perf_counter())
+            now = time.perf_counter()
+            # timed only right after a call of the same kind: the first call after other work
+            # (compute, another kind of call, another library's calls in `colls bench`'s rounds)
+            # pays for what that work did to the caches, whichever the way
+            if code & TIMED and self.last_call[0] == index and now - self.last_call[1] < STEADY_GAP_S:
+                self.timing = (index, code & 1, now)
+            self.last_call = (index, now)
         else:
             chosen = int(self.peers[0].array[CHOICES_OFFSET + index])
             code = self.adaptive.choose(index, 0, chosen - 1 if chosen else None)
@@ -301,10 +311,13 @@ class ShmTransport(Transport):
         """The call `begin_call` announced has returned (`completed`: without an error)."""
         self.attach_all = False
         timing, self.timing = self.timing, None
-        if timing is not None and completed:
-            index, way, began = timing
-            self.adaptive.record(index, way, time.perf_counter() - began, 1)
-            self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
+        if self.rank == 0:
+            now = time.perf_counter()
+            self.last_call = (self.last_call[0], now)
+            if timing is not None and completed:
+                index, way, began = timing
+                self.adaptive.record(index, way, now - began, 1)
+                self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
 
     # -- posting ---------------------------------------------------------------------------------
 
