@@ -127,7 +127,8 @@ def _all_to_alls(comm, nbytes: int, calls: int, pause: float = 0.0) -> list:
     posted = sum(transport.rendezvous_posted)
     summary = {repr(key): list(value) for key, value in transport.adaptive.summary().items()}
     table = transport.peers[0].array[CHOICES_OFFSET:CHOICES_OFFSET + 4].tolist()
-    return [wrong, posted, transport.adapting, summary, table, dict(transport.call_kinds)]
+    report = transport.reports[comm.rank][4:7].tolist()   # its last odd-numbered timed call
+    return [wrong, posted, transport.adapting, summary, table, dict(transport.call_kinds), report]
 
 
 @pytest.mark.timeout(120)
@@ -138,8 +139,8 @@ def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
         pytest.skip("with more ranks than cores the calls keep the thresholds (no choice made)")
     calls = 120   # tries on calls 16-21 and 112-117
     ranks = colls.spawn(_all_to_alls, 2, transport="shm", args=(1 << 20, calls), timeout=100)
-    wrong_0, posted_0, adapting, summary_0, table, kinds_0 = ranks[0]
-    wrong_1, posted_1, _, summary_1, _, kinds_1 = ranks[1]
+    wrong_0, posted_0, adapting, summary_0, table, kinds_0, _ = ranks[0]
+    wrong_1, posted_1, _, summary_1, _, kinds_1, report_1 = ranks[1]
     assert wrong_0 == wrong_1 == 0
     if not adapting:
         pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
@@ -149,8 +150,10 @@ def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
     kept, other = (by_attach, by_slots) if preferred else (by_slots, by_attach)
     assert other >= kept * (1 - ProtocolChoice().margin)   # the faster one is kept
     assert table[0] == 1 + preferred                      # and published for the other ranks
-    # rank 1 keeps no times of its own and takes rank 0's way
+    # rank 1 keeps no times of its own and takes rank 0's way; it reports its timed calls' times,
+    # of which rank 0 takes the slower rank's (the last timed call is number 117, a try's last)
     assert summary_1["0"][:2] == [preferred, calls] and summary_1["0"][2:] == [None, None]
+    assert report_1[:2] == [0, 117] and 0 < report_1[2] < 10**9
     # the 512 KiB exchanges went by cross-memory attach on the tries at least (the thresholds send
     # them through the slots)
     assert posted_0 >= 12 and posted_1 >= 12
@@ -160,7 +163,7 @@ def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
 def test_no_choice_is_made_unless_asked_for(monkeypatch):
     monkeypatch.delenv("COLLS_SHM_ADAPTIVE", raising=False)
     monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(8 << 20))
-    for wrong, posted, adapting, summary, _, kinds in colls.spawn(_all_to_alls, 2, transport="shm",
+    for wrong, posted, adapting, summary, _, kinds, _ in colls.spawn(_all_to_alls, 2, transport="shm",
                                                                     args=(1 << 20, 70), timeout=50):
         assert wrong == 0 and not adapting and summary == {} and kinds == {}
         assert posted == 0   # the thresholds throughout: 512 KiB exchanges through the slots
@@ -172,7 +175,7 @@ def test_calls_after_other_work_are_not_timed(monkeypatch):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("with more ranks than cores the calls keep the thresholds (no choice made)")
     # 3 ms of something else before each call: the cache is not what a run of calls leaves it
-    wrong, _, adapting, summary, table, _ = colls.spawn(_all_to_alls, 2, transport="shm",
+    wrong, _, adapting, summary, table, _, _ = colls.spawn(_all_to_alls, 2, transport="shm",
                                                         args=(1 << 20, 40, 3e-3), timeout=50)[0]
     assert wrong == 0
     if not adapting:

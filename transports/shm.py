@@ -53,6 +53,7 @@ ABORT_REASON_OFFSET = 64     # where in my header page my abort() writes its rea
 # the header page's last bytes, in rank 0's segment: for each kind of call (`begin_call`) a byte,
 # 0 while rank 0 has not chosen, else 1 + the way it has chosen for all ranks
 CHOICES_OFFSET = HEADER_PAGE - 512
+REPORT_OFFSET = CHOICES_OFFSET - 64   # each rank's last two timed calls (`end_call`), a line
 ATTACH_ALL_BYTES = 64 << 10  # a call that goes by cross-memory attach (`begin_call`) does so from here
 STEADY_GAP_S = 1e-3          # a call this soon after one of its kind is timed for the choice
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
@@ -256,8 +257,13 @@ class ShmTransport(Transport):
         self.adaptive = ProtocolChoice()
         self.call_kinds: dict = {}      # key -> its byte in rank 0's table, in order of first call
         self.attach_all = False         # this call sends by cross-memory attach from ATTACH_ALL_BYTES
-        self.timing: tuple | None = None   # rank 0, a timed call: (its kind, its way, when it began)
-        self.last_call = (-1, 0.0)         # rank 0: the kind of the last call, and when it ended
+        self.timing: tuple | None = None   # a timed call: (its kind, its way, its number, when it began)
+        self.last_call = (-1, 0.0)         # the kind of the last call, and when it ended
+        self.pending: tuple | None = None  # rank 0: the last timed call (kind, way, number, seconds)
+        # each rank's reports of its last timed calls in its header page: kind, number, nanoseconds
+        # for calls of even number at [0:3], of odd number at [4:7]
+        self.reports = [segment.array[REPORT_OFFSET:REPORT_OFFSET + 64].view(np.int64)
+                        for segment in self.peers]
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
@@ -272,10 +278,10 @@ class ShmTransport(Transport):
     def begin_call(self, key: Hashable) -> None:
         """A blocking call of kind `key` begins (every rank makes it, in the same order): send its
         messages by the size thresholds (way 0) or by cross-memory attach from ATTACH_ALL_BYTES (way
-        1), whichever has been faster for this kind lately (`transports.adaptive`). Rank 0 times
-        its calls and chooses for all: the ranks' own times differ, and two ranks of an exchange
-        that each chose on their own took different ways and ran slower than by either. The
-        others read its choice from its header page and try the other way on the same calls.
+        1), whichever has been faster for this kind lately (`transports.adaptive`). Rank 0 chooses
+        for all, by the slowest rank's times (`end_call`): two ranks of an exchange that each chose
+        on their own took different ways and ran slower than by either. The others read its choice
+        from its header page and try the other way on the same calls.
         (Kinds are numbered in the order of their first blocking call; a rank whose numbering
         differs, say one that ran a call asynchronously where the others blocked, reads another
         kind's choice: its messages still arrive, each message's header says how it moves.)
@@ -295,29 +301,56 @@ class ShmTransport(Transport):
             index = self.call_kinds[key] = len(self.call_kinds)
         if self.rank == 0:
             code = self.adaptive.choose(index, 0)
-            now = time.perf_counter()
-            # timed only right after a call of the same kind: the first call after other work
-            # (compute, another kind of call, another library's calls in `colls bench`'s rounds)
-            # pays for what that work did to the caches, whichever the way
-            if code & TIMED and self.last_call[0] == index and now - self.last_call[1] < STEADY_GAP_S:
-                self.timing = (index, code & 1, now)
-            self.last_call = (index, now)
         else:
             chosen = int(self.peers[0].array[CHOICES_OFFSET + index])
             code = self.adaptive.choose(index, 0, chosen - 1 if chosen else None)
         self.attach_all = bool(code & 1)
+        now = time.perf_counter()
+        # timed only right after a call of the same kind: the first call after other work (compute,
+        # another kind of call, another library's calls in `colls bench`'s rounds) pays for what that
+        # work did to the caches, whichever the way
+        if code & TIMED and self.last_call[0] == index and now - self.last_call[1] < STEADY_GAP_S:
+            self.timing = (index, code & 1, self.adaptive.keys[index].calls, now)
+        self.last_call = (index, now)
 
     def end_call(self, completed: bool) -> None:
-        """The call `begin_call` announced has returned (`completed`: without an error)."""
+        """The call `begin_call` announced has returned (`completed`: without an error). Every rank
+        reports its timed calls' times in its header page; rank 0 takes the slowest rank's time of
+        a call at the end of its next one, by when every rank has reported it (its next call needs
+        every rank's data, which they send once this one has returned). Rank 0's own time alone
+        was not the call's: a 2-rank 1 MiB reduce_scatter in the slow state went by cross-memory
+        attach in 378 us against 297 through the slots, chosen by rank 0's times."""
         self.attach_all = False
+        now = time.perf_counter()
+        self.last_call = (self.last_call[0], now)
         timing, self.timing = self.timing, None
         if self.rank == 0:
-            now = time.perf_counter()
-            self.last_call = (self.last_call[0], now)
+            self._record_pending()
             if timing is not None and completed:
-                index, way, began = timing
-                self.adaptive.record(index, way, now - began, 1)
-                self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
+                index, way, calls, began = timing
+                self.pending = (index, way, calls, now - began)
+        elif timing is not None and completed:
+            index, way, calls, began = timing
+            report, at = self.reports[self.rank], 4 * (calls % 2)
+            report[at] = -1                    # being written
+            report[at + 1] = calls
+            report[at + 2] = int((now - began) * 1e9)
+            report[at] = index                 # last (x86 keeps the order of stores)
+
+    def _record_pending(self) -> None:
+        """Rank 0: record the last timed call by its slowest rank's time, if every rank timed it."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        index, way, calls, seconds = pending
+        at = 4 * (calls % 2)   # (a rank may have reported the call after it too, not the one after that)
+        for peer in range(1, self.size):
+            report = self.reports[peer]
+            if report[at] != index or report[at + 1] != calls:
+                return   # a rank that did not time it (other work before it)
+            seconds = max(seconds, report[at + 2] / 1e9)
+        self.adaptive.record(index, way, seconds, 1)
+        self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
 
     # -- posting ---------------------------------------------------------------------------------
 
@@ -804,10 +837,10 @@ class ShmTransport(Transport):
         self.aborted = reason
         # the reason goes into my own header page first, then the word into every peer's (x86 keeps
         # the order of stores, so a peer that sees the word reads the whole reason)
-        text = reason.encode()[:CHOICES_OFFSET - ABORT_REASON_OFFSET - 1]
+        text = reason.encode()[:REPORT_OFFSET - ABORT_REASON_OFFSET - 1]
         page = self.segment.array
         page[ABORT_REASON_OFFSET:ABORT_REASON_OFFSET + len(text)] = np.frombuffer(text, np.uint8)
-        page[ABORT_REASON_OFFSET + len(text):CHOICES_OFFSET] = 0
+        page[ABORT_REASON_OFFSET + len(text):REPORT_OFFSET] = 0
         for word in self.abort_words:
             word[0] = self.rank + 1          # every peer sees it at its next liveness check
 
@@ -815,7 +848,7 @@ class ShmTransport(Transport):
         word = self.abort_words[self.rank]   # peers write into my segment's word
         if word[0]:
             aborter = int(word[0]) - 1
-            page = self.peers[aborter].array[ABORT_REASON_OFFSET:CHOICES_OFFSET]
+            page = self.peers[aborter].array[ABORT_REASON_OFFSET:REPORT_OFFSET]
             reason = page.tobytes().split(b"\0", 1)[0].decode(errors="replace")
             raise CommunicatorAborted(f"rank {self.rank}: {reason or f'aborted by rank {aborter}'}")
         if self.watched is not None:
