@@ -45,8 +45,9 @@ def test_a_try_but_its_first_call_and_the_five_calls_before_it_are_timed():
 def test_the_faster_way_takes_over_at_its_first_try():
     choice = ProtocolChoice(explore_every=16)
     taken = _run(choice, {0: 500e-6, 1: 100e-6}, 64)
-    assert taken[:15] == [0] * 15            # the prior until the first try
-    assert all(taken[15:31])                 # taken over there (calls 16-21 were the try)
+    assert taken[:15] == [0] * 15            # the prior until the first try (calls 16-21)
+    assert all(taken[15:18])                 # which takes over on its third timed call (19)
+    assert all(taken[21:31])                 # (the try's last two calls then try the old way)
     assert taken[31:37] == [0] * 6           # the old way's try
     assert choice.preferred(KEY) == 1
 

@@ -17,7 +17,8 @@ call of a try untimed: it pays for the change of way (a 2-rank 1 MiB reduce_scat
 145 us on its first two calls through the slots after calls by cross-memory attach, 57 us from then
 on). The way in use is timed on the five calls before each try. A key's first calls are slow
 whichever the way (800, then 279 us for that reduce_scatter), and tries among them once chose the
-slower way for the next 30 calls; so the first try waits. Five times a side, and their medians:
+slower way for the next 30 calls; so the first try waits. Up to five times a side (at least
+three: a caller may leave some calls untimed), and their medians:
 one call of the slow state took anything from 104 to 470 us by one way, and means of two times
 chose the slower way for a 1 MiB reduce_scatter in two runs of three. A change of state is seen
 within `explore_every` calls; a try costs `TRY` calls by the slower way in `explore_every`. This is
@@ -92,7 +93,7 @@ class ProtocolChoice:
         seen = self.keys[key]
         seen.times[way].append(seconds / max(nbytes, 1))
         ours, other = seen.times[seen.preferred], seen.times[1 - seen.preferred]
-        if len(other) == len(ours) == self.keep and _median(other) < _median(ours) * (1 - self.margin):
+        if min(len(other), len(ours)) >= 3 and _median(other) < _median(ours) * (1 - self.margin):
             seen.preferred = 1 - seen.preferred
 
     def preferred(self, key: Hashable) -> int | None:
