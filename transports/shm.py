@@ -289,9 +289,10 @@ class ShmTransport(Transport):
         Off unless COLLS_SHM_ADAPTIVE=1. In the slow state of 2026-12-05 (bench/RESULTS.md) cross-
         memory attach throughout was 3-5x faster for a 2-rank all_to_all or all_gather of 1-4 MiB,
         and the thresholds 1.3x faster for a reduce_scatter of 1 MiB; in the fast state the
-        thresholds won. Interleaved with calls to MPI and Gloo (`colls bench`), the choice also
-        took the slower way in the fast state now and then (a 1 MiB all_to_all 81-90 us against
-        62), so it is not the default."""
+        thresholds won, and the choice took the right way at every point of a probe that ran the
+        calls in blocks. Inside `colls bench`'s rounds, between MPI's and Gloo's calls, it still
+        took the slower way at times in the fast state (a 1 MiB all_to_all 117 us against 59), so
+        it is not the default."""
         if not self.adapting:
             return
         index = self.call_kinds.get(key)
