@@ -322,9 +322,8 @@ class ShmTransport(Transport):
         """The call `begin_call` announced has returned (`completed`: without an error). Every rank
         reports its timed calls' times in its header page; rank 0 takes the slowest rank's time of
         a call at the end of its next one, by when every rank has reported it (its next call needs
-        every rank's data, which they send once this one has returned). Rank 0's own time alone
-        was not the call's: a 2-rank 1 MiB reduce_scatter in the slow state went by cross-memory
-        attach in 378 us against 297 through the slots, chosen by rank 0's times."""
+        every rank's data, which they send once this one has returned): a call is done when its
+        slowest rank is, and a way that speeds rank 0 may slow another."""
         self.attach_all = False
         now = time.perf_counter()
         self.last_call = (self.last_call[0], now)
