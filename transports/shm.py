@@ -310,9 +310,10 @@ class ShmTransport(Transport):
         # timed only right after a call of the same kind: the first call after other work (compute,
         # another kind of call, another library's calls in `colls bench`'s rounds) pays for what that
         # work did to the caches, whichever the way. And timed from the end of that call: what the
-        # caller does before this one is part of its cost (a reduce_scatter copies its input before
-        # the transport sees the call; in the slow state that copy took 215 us a call when the
-        # calls went by cross-memory attach, 30 us through the slots)
+        # caller does before this one is part of its cost. Timed from here, a 2-rank 1 MiB
+        # reduce_scatter (which copies its input before the transport sees the call) took 149-220 us
+        # by cross-memory attach and 264-329 us through the slots in the slow state, while whole
+        # calls took 375 against 299
         last_kind, last_end = self.last_call
         if code & TIMED and last_kind == index and now - last_end < STEADY_GAP_S:
             self.timing = (index, code & 1, self.adaptive.keys[index].calls, last_end)
