@@ -11,16 +11,16 @@ through the slots and 102 us by cross-memory attach, 4 MiB 2100 against 280 us; 
 forcing cross-memory attach made it 78 us. Thresholds are right for the state they were measured in.
 
 So a kind of call (a key) may take one of two ways, and a `ProtocolChoice` keeps the last five
-times of each and takes the one whose median is lower. The way not in use is tried on `TRY` calls
+times of each and takes the one whose median is lower (once it has at least three of each: a
+caller may leave some calls untimed). The way not in use is tried on `TRY` calls
 in a row, first on a key's `FIRST_TRY`-th call and then every `explore_every` calls, the first
 call of a try untimed: it pays for the change of way (a 2-rank 1 MiB reduce_scatter took 305 and
 145 us on its first two calls through the slots after calls by cross-memory attach, 57 us from then
 on). The way in use is timed on the five calls before each try. A key's first calls are slow
 whichever the way (800, then 279 us for that reduce_scatter), and tries among them once chose the
-slower way for the next 30 calls; so the first try waits. Up to five times a side (at least
-three: a caller may leave some calls untimed), and their medians:
-one call of the slow state took anything from 104 to 470 us by one way, and means of two times
-chose the slower way for a 1 MiB reduce_scatter in two runs of three. A change of state is seen
+slower way for the next 30 calls; so the first try waits. Several times a side, and their
+medians: one call of the slow state took anything from 104 to 470 us by one way, and means of
+two times chose the slower way for a 1 MiB reduce_scatter in two runs of three. A change of state is seen
 within `explore_every` calls; a try costs `TRY` calls by the slower way in `explore_every`. This is
 how STAR-MPI (Faraj, Yuan & Lowenthal, ICS 2006) picks among collective algorithms at run time. Like
 STAR-MPI it times whole calls: timing each exchange on its own (tried 2026-12-05, commit 3c98fbb)
@@ -28,10 +28,11 @@ chose against the call, e.g. a 2-rank 1 MiB all_to_all ran in 81.7 us against 55
 thresholds, because how one exchange went moved the cost of the copies around it.
 
 What it does not get right yet: a call's time depends on what ran before it. The shm transport
-times only calls that follow one of their kind within 1 ms, but in `colls bench`, whose rounds put
-MPI's and Gloo's calls between colls' (2026-12-05, fast state), the choice still took the slower
-way now and then (1 MiB all_to_all 81-90 us against 62 with the thresholds). So the shm transport
-asks for a choice only with COLLS_SHM_ADAPTIVE=1.
+times only calls that follow one of their kind within 1 ms, from the end of that one, and so
+chose right at every point of a probe that ran the calls in blocks; but in `colls bench`, whose
+rounds put MPI's and Gloo's calls between colls' (2026-12-05, fast state), it still took the
+slower way at times (a 1 MiB all_to_all 117 us against 59 with the thresholds). So the shm
+transport asks for a choice only with COLLS_SHM_ADAPTIVE=1.
 """
 
 from __future__ import annotations
