@@ -27,8 +27,14 @@ def _run(choice: ProtocolChoice, seconds: dict[int, float], calls: int, nbytes: 
     return taken
 
 
-def test_the_other_way_is_tried_from_call_16_on_six_calls_in_a_row_every_explore_every():
-    choice = ProtocolChoice(explore_every=16)
+def test_by_default_the_first_try_waits_for_the_48th_call():
+    choice = ProtocolChoice()
+    taken = _run(choice, {0: 100e-6, 1: 300e-6}, 200)
+    assert [i + 1 for i, way in enumerate(taken) if way] == list(range(48, 54)) + list(range(144, 150))
+
+
+def test_the_other_way_is_tried_from_first_try_on_six_calls_in_a_row_every_explore_every():
+    choice = ProtocolChoice(explore_every=16, first_try=16)
     taken = _run(choice, {0: 100e-6, 1: 300e-6}, 70)
     tries = [i + 1 for i, way in enumerate(taken) if way]
     assert tries == [call + k for call in (16, 32, 48, 64) for k in range(6)]
@@ -36,14 +42,14 @@ def test_the_other_way_is_tried_from_call_16_on_six_calls_in_a_row_every_explore
 
 
 def test_a_try_but_its_first_call_and_the_five_calls_before_it_are_timed():
-    choice = ProtocolChoice(explore_every=16)
+    choice = ProtocolChoice(explore_every=16, first_try=16)
     timed = [i + 1 for i in range(40) if choice.choose(KEY, 0) & TIMED]
     # the first call of a try pays for the change of way: not timed
     assert timed == [11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37]
 
 
 def test_the_faster_way_takes_over_at_its_first_try():
-    choice = ProtocolChoice(explore_every=16)
+    choice = ProtocolChoice(explore_every=16, first_try=16)
     taken = _run(choice, {0: 500e-6, 1: 100e-6}, 64)
     assert taken[:15] == [0] * 15            # the prior until the first try (calls 16-21)
     assert all(taken[15:18])                 # which takes over on its third timed call (19)
@@ -53,7 +59,7 @@ def test_the_faster_way_takes_over_at_its_first_try():
 
 
 def test_a_change_of_state_is_followed_within_one_period():
-    choice = ProtocolChoice(explore_every=16)
+    choice = ProtocolChoice(explore_every=16, first_try=16)
     _run(choice, {0: 100e-6, 1: 300e-6}, 100)
     assert choice.preferred(KEY) == 0
     # now the other way is five times faster: within a period the calls before a try see the way
@@ -67,16 +73,16 @@ def test_a_change_of_state_is_followed_within_one_period():
 
 
 def test_a_way_within_the_margin_does_not_take_over():
-    choice = ProtocolChoice(explore_every=16, margin=0.1)
+    choice = ProtocolChoice(explore_every=16, margin=0.1, first_try=16)
     _run(choice, {0: 100e-6, 1: 95e-6}, 100)
     assert choice.preferred(KEY) == 0
-    choice = ProtocolChoice(explore_every=16, margin=0.1)
+    choice = ProtocolChoice(explore_every=16, margin=0.1, first_try=16)
     _run(choice, {0: 100e-6, 1: 85e-6}, 100)
     assert choice.preferred(KEY) == 1
 
 
 def test_times_compare_per_byte_and_keys_apart():
-    choice = ProtocolChoice(explore_every=16)
+    choice = ProtocolChoice(explore_every=16, first_try=16)
     for _ in range(21):   # key A: way 1 is faster per byte, though its calls are bigger
         code = choice.choose("A", 0)
         if code & TIMED:
@@ -91,7 +97,8 @@ def test_times_compare_per_byte_and_keys_apart():
 
 
 def test_a_follower_takes_the_way_it_is_given_and_tries_on_the_same_calls():
-    leader, follower = ProtocolChoice(explore_every=16), ProtocolChoice(explore_every=16)
+    leader = ProtocolChoice(explore_every=16, first_try=16)
+    follower = ProtocolChoice(explore_every=16, first_try=16)
     for _ in range(100):
         given = leader.preferred(KEY)   # what the leader had chosen when the call began
         code = leader.choose(KEY, 0)
@@ -106,6 +113,8 @@ def test_bad_settings_are_refused_by_name():
         ProtocolChoice(explore_every=8)
     with pytest.raises(ValueError, match="margin"):
         ProtocolChoice(margin=1.5)
+    with pytest.raises(ValueError, match="first_try"):
+        ProtocolChoice(first_try=2)
 
 
 def _all_to_alls(comm, nbytes: int, calls: int, pause: float = 0.0) -> list:
@@ -138,7 +147,7 @@ def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
     monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(8 << 20))   # whatever a tune file says
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("with more ranks than cores the calls keep the thresholds (no choice made)")
-    calls = 120   # tries on calls 16-21 and 112-117
+    calls = 150   # tries on calls 48-53 and 144-149
     ranks = colls.spawn(_all_to_alls, 2, transport="shm", args=(1 << 20, calls), timeout=100)
     wrong_0, posted_0, adapting, summary_0, table, kinds_0, _ = ranks[0]
     wrong_1, posted_1, _, summary_1, _, kinds_1, report_1 = ranks[1]
@@ -152,9 +161,9 @@ def test_shm_calls_try_both_ways_with_rank_0_choosing_for_both(monkeypatch):
     assert other >= kept * (1 - ProtocolChoice().margin)   # the faster one is kept
     assert table[0] == 1 + preferred                      # and published for the other ranks
     # rank 1 keeps no times of its own and takes rank 0's way; it reports its timed calls' times,
-    # of which rank 0 takes the slower rank's (the last timed call is number 117, a try's last)
+    # of which rank 0 takes the slower rank's (the last timed call is number 149, a try's last)
     assert summary_1["0"][:2] == [preferred, calls] and summary_1["0"][2:] == [None, None]
-    assert report_1[:2] == [0, 117] and 0 < report_1[2] < 10**9
+    assert report_1[:2] == [0, 149] and 0 < report_1[2] < 10**9
     # the 512 KiB exchanges went by cross-memory attach on the tries at least (the thresholds send
     # them through the slots)
     assert posted_0 >= 12 and posted_1 >= 12
@@ -177,8 +186,8 @@ def test_calls_after_other_work_are_not_timed(monkeypatch):
         pytest.skip("with more ranks than cores the calls keep the thresholds (no choice made)")
     # 3 ms of something else before each call: the cache is not what a run of calls leaves it
     wrong, _, adapting, summary, table, _, _ = colls.spawn(_all_to_alls, 2, transport="shm",
-                                                        args=(1 << 20, 40, 3e-3), timeout=50)[0]
+                                                        args=(1 << 20, 60, 3e-3), timeout=50)[0]
     assert wrong == 0
     if not adapting:
         pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-    assert summary["0"][1:] == [40, None, None] and table[0] == 0   # tried, but nothing timed or chosen
+    assert summary["0"][1:] == [60, None, None] and table[0] == 0   # tried, but nothing timed or chosen

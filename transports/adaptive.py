@@ -18,7 +18,10 @@ call of a try untimed: it pays for the change of way (a 2-rank 1 MiB reduce_scat
 145 us on its first two calls through the slots after calls by cross-memory attach, 57 us from then
 on). The way in use is timed on the five calls before each try. A key's first calls are slow
 whichever the way (800, then 279 us for that reduce_scatter), and tries among them once chose the
-slower way for the next 30 calls; so the first try waits. Several times a side, and their
+slower way for the next 30 calls; so the first try waits, until the 48th call: with it on the 16th,
+a probe of 1 MiB all_to_alls in rounds of ten between MPI's calls chose the slower way in one run
+of three (its calls 11-15 took 103-177 us through the slots, 80 from call 100 on), with it on the
+48th in none of four. Several times a side, and their
 medians: one call of the slow state took anything from 104 to 470 us by one way, and means of
 two times chose the slower way for a 1 MiB reduce_scatter in two runs of three. A change of state is seen
 within `explore_every` calls; a try costs `TRY` calls by the slower way in `explore_every`. This is
@@ -42,7 +45,7 @@ from collections.abc import Hashable
 
 TIMED = 2       # `ProtocolChoice.choose`'s answer has this bit set when the call is to be timed
 TRY = 6         # calls a try of the other way lasts (the first untimed); as many less one before it
-FIRST_TRY = 16  # a key's call on which its first try starts
+FIRST_TRY = 48  # a key's call on which its first try starts (by default)
 
 
 class _Calls:
@@ -65,11 +68,12 @@ class ProtocolChoice:
     caller that follows another's choices (rank 0's, say) passes `preferred`, the other's current
     choice, and records nothing: it still tries the other way on the same calls of the key."""
 
-    def __init__(self, explore_every: int = 96, margin: float = 0.05) -> None:
-        if explore_every < 2 * TRY or not 0 <= margin < 1:
-            raise ValueError(f"ProtocolChoice: explore_every >= {2 * TRY} and 0 <= margin < 1, got "
-                             f"{explore_every}, {margin}")
+    def __init__(self, explore_every: int = 96, margin: float = 0.05, first_try: int = FIRST_TRY) -> None:
+        if explore_every < 2 * TRY or not 0 <= margin < 1 or first_try < TRY:
+            raise ValueError(f"ProtocolChoice: explore_every >= {2 * TRY}, 0 <= margin < 1 and first_try >= "
+                             f"{TRY}, got {explore_every}, {margin}, {first_try}")
         self.explore_every = explore_every
+        self.first_try = first_try
         self.keep = TRY - 1
         self.margin = margin   # the other way must be this much faster to take over
         self.keys: dict[Hashable, _Calls] = {}
@@ -82,8 +86,8 @@ class ProtocolChoice:
         if preferred is not None:
             seen.preferred = preferred
         seen.calls += 1
-        phase = (seen.calls - FIRST_TRY) % self.explore_every
-        if phase < TRY and seen.calls >= FIRST_TRY:
+        phase = (seen.calls - self.first_try) % self.explore_every
+        if phase < TRY and seen.calls >= self.first_try:
             return (TIMED if phase else 0) | (1 - seen.preferred)   # a try of the other
         if phase >= self.explore_every - (TRY - 1):
             return TIMED | seen.preferred             # what the try is compared with
