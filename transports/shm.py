@@ -55,6 +55,7 @@ ABORT_REASON_OFFSET = 64     # where in my header page my abort() writes its rea
 CHOICES_OFFSET = HEADER_PAGE - 512
 REPORT_OFFSET = CHOICES_OFFSET - 64   # each rank's last two timed calls (`end_call`), a line
 ATTACH_ALL_BYTES = 64 << 10  # a call that goes by cross-memory attach (`begin_call`) does so from here
+NEVER = 1 << 62              # a size no message reaches
 STEADY_GAP_S = 1e-3          # a call this soon after one of its kind is timed for the choice
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
@@ -256,7 +257,8 @@ class ShmTransport(Transport):
                          and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1")
         self.adaptive = ProtocolChoice()
         self.call_kinds: dict = {}      # key -> its byte in rank 0's table, in order of first call
-        self.attach_all = False         # this call sends by cross-memory attach from ATTACH_ALL_BYTES
+        # this call sends every message from this size by cross-memory attach (`begin_call`; else never)
+        self.attach_from = NEVER
         self.timing: tuple | None = None   # a timed call: (its kind, its way, its number, when it began)
         self.last_call = (-1, 0.0)         # the kind of the last call, and when it ended
         self.pending: tuple | None = None  # rank 0: the last timed call (kind, way, number, seconds)
@@ -305,7 +307,7 @@ class ShmTransport(Transport):
         else:
             chosen = int(self.peers[0].array[CHOICES_OFFSET + index])
             code = self.adaptive.choose(index, 0, chosen - 1 if chosen else None)
-        self.attach_all = bool(code & 1)
+        self.attach_from = ATTACH_ALL_BYTES if code & 1 else NEVER
         now = time.perf_counter()
         # timed only right after a call of the same kind: the first call after other work (compute,
         # another kind of call, another library's calls in `colls bench`'s rounds) pays for what that
@@ -325,7 +327,7 @@ class ShmTransport(Transport):
         a call at the end of its next one, by when every rank has reported it (its next call needs
         every rank's data, which they send once this one has returned): a call is done when its
         slowest rank is, and a way that speeds rank 0 may slow another."""
-        self.attach_all = False
+        self.attach_from = NEVER
         now = time.perf_counter()
         self.last_call = (self.last_call[0], now)
         timing, self.timing = self.timing, None
@@ -368,8 +370,7 @@ class ShmTransport(Transport):
             sent.done = True
             return sent
         n = buf.nbytes
-        return self._isend(buf, peer, tag,
-                           n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES))
+        return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
         request = _Out(peer, tag, buf, rendezvous)
@@ -412,7 +413,7 @@ class ShmTransport(Transport):
         check_buffer(recv_buf, "shm receive")
         n = send_buf.nbytes
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
-        if self.attach_all and n >= ATTACH_ALL_BYTES:
+        if n >= self.attach_from:
             rendezvous = True   # this kind of call goes by cross-memory attach (`begin_call`)
         elif reducer is not None:
             rendezvous = n >= self.reduce_exchange_rendezvous_bytes
@@ -463,7 +464,7 @@ class ShmTransport(Transport):
         """Write a message below the rendezvous size to `peer` now if nothing is queued before it
         and the slots it takes are free (`_send_pieces_now` beyond one slot)."""
         n = buf.nbytes
-        if self.sends[peer] or n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES):
+        if self.sends[peer] or n >= self.rendezvous_bytes or n >= self.attach_from:
             return False
         if n > self.chunk:
             return self._send_pieces_now(buf, peer, tag)
@@ -551,7 +552,7 @@ class ShmTransport(Transport):
         (`_receive_pieces_now` beyond one slot), if nothing else is being received from `peer` and
         it lands within a short spin; false: post a receive instead."""
         n = buf.nbytes
-        if (n >= self.rendezvous_bytes or (self.attach_all and n >= ATTACH_ALL_BYTES) or self.posted[peer]
+        if (n >= self.rendezvous_bytes or n >= self.attach_from or self.posted[peer]
                 or self.current[peer] is not None or self.stashed[peer]):
             return False
         if n > self.chunk:
