@@ -152,6 +152,24 @@ def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_pinned_ranks_share_the_cpus_round_robin_and_record_it(tmp_path):
+    cpus = len(os.sched_getaffinity(0))
+    result = colls_bench("-n", "4", "--pin", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1", "--iters", "3",
+                         "--no-baselines", "--json", "out.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = [rank % cpus for rank in range(4)]
+    assert "# pinned: rank r on CPU index " + ", ".join(f"{r}->{c}" for r, c in enumerate(expected)) in result.stdout
+    (record,) = json.loads((tmp_path / "out.json").read_text())["records"]
+    assert record["placement"] == expected and record["wrong"] == 0
+    unpinned = colls_bench("-n", "2", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1", "--iters", "3",
+                           "--no-baselines", "--json", "free.json", cwd=tmp_path)
+    assert unpinned.returncode == 0 and "pinned" not in unpinned.stdout
+    assert "placement" not in json.loads((tmp_path / "free.json").read_text())["records"][0]
+
+
+@needs_mpi
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_a_planted_bug_shows_in_wrong_and_the_exit_status(tmp_path):
     result = colls_bench("-n", "3", "-c", "reduce", "--algorithm", "binomial", "-b", "1K", "-e", "1K",

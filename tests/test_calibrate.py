@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -10,7 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from colls.plan.calibrate import Profile, SharedMemory, in_mode, load_profiles, measured_medians, predict
+from colls.plan.calibrate import (Profile, SharedMemory, in_mode, load_profiles, measured_medians, predict,
+                                  reproducibility)
 from colls.plan.simulate import run_world
 from transports.sim import IdealNetwork, TimeSharing
 
@@ -302,9 +304,52 @@ def _bench_files(tmp_path) -> list[str]:
 
 def test_bench_runs_combine_by_median_or_fastest(tmp_path):
     runs = _bench_files(tmp_path)
-    key = ("broadcast", "binomial", 2, MIB)
+    key = ("broadcast", "binomial", 2, MIB, None)   # None: ranks not pinned
     assert measured_medians(runs)[key] == pytest.approx(2e-4)
     assert measured_medians(runs, "fastest")[key] == pytest.approx(1e-4)
+
+
+def test_pinned_runs_are_points_of_their_own_and_the_bench_is_judged_against_itself(tmp_path):
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "pipeline", "ranks": 4,
+              "bytes": MIB}
+    runs = []
+    for i, (seconds, placement) in enumerate(((1e-4, None), (2e-4, None), (1e-4, None), (2e-4, None),
+                                              (5e-4, [0, 1, 0, 1]), (6e-4, [0, 1, 0, 1]))):
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds, placement=placement)]}))
+        runs.append(str(path))
+    medians = measured_medians(runs)
+    assert medians == {("broadcast", "pipeline", 4, MIB, None): pytest.approx(1.5e-4),
+                       ("broadcast", "pipeline", 4, MIB, (0, 1, 0, 1)): pytest.approx(5.5e-4)}
+    # alternate runs: 1e-4, 1e-4 against 2e-4, 2e-4 (100% apart); 5e-4 against 6e-4 (20%)
+    mean, worst, count = reproducibility(runs)[4]
+    assert count == 2 and worst == pytest.approx(1.0)
+    assert mean == pytest.approx(math.sqrt(2.0 * 1.2) - 1)
+    assert reproducibility(runs[:1]) == {}   # one run: nothing to compare
+
+
+def test_a_pinned_point_is_predicted_at_its_placement():
+    from colls.plan.calibrate import placements
+    from colls.plan.simulate import run_algorithm
+
+    machine = profile(4, 2, spin=2e-5, wake=2e-5)
+
+    def body(transport):
+        transport.elapse(6e-6 + 2e-6)
+        return run_algorithm(transport, "broadcast", "pipeline", MIB)
+
+    times = {}
+    for placement in placements(4, 2):
+        network = SharedMemory(4, machine, footprint=2 * MIB)
+        network.time_sharing = replace(network.time_sharing, placement=placement)
+        times[placement] = run_world(4, network, body, machine.reduce_seconds_per_byte(2 * MIB),
+                                     machine.copy_seconds_per_byte(2 * MIB)).seconds
+        assert predict("broadcast", "pipeline", 4, MIB, machine, placement=placement) == pytest.approx(
+            times[placement])
+    assert len(set(round(t, 9) for t in times.values())) > 1   # the placement matters at all
+    # on as many cores as ranks a recorded placement shares nothing
+    assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4, placement=(0, 1, 2, 3)) == pytest.approx(
+        predict("broadcast", "pipeline", 4, MIB, machine, cores=4))
 
 
 def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):
@@ -320,7 +365,7 @@ def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path)
         path = tmp_path / f"bench{i}.json"
         path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds, round_trip_ns=trips)]}))
         runs.append(str(path))
-    key = ("broadcast", "binomial", 2, MIB)
+    key = ("broadcast", "binomial", 2, MIB, None)
     assert measured_medians(runs, "median", (0, 450))[key] == pytest.approx(1.5e-4)
     assert measured_medians(runs, "median", (450, 2000))[key] == pytest.approx(5e-4)
     assert measured_medians(runs, "median")[key] == pytest.approx(3.5e-4)   # no window: all four
@@ -355,6 +400,9 @@ def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "| broadcast | 2 | 1 MiB | binomial | 100.0 us | 122.9 us | +22.9% |" in result.stdout
     assert "2 ranks: geometric-mean error 22.9%, largest 22.9%" in result.stdout
+    # runs 1 and 3 (fastest 100 us) against run 2 (200 us)
+    assert ("2 ranks: the bench against itself (alternate runs, each half's fastest; 1 point): 100.0%, "
+            "largest 100.0%") in result.stdout
     # a mode window: these files carry no round trips, so nothing is left to compare
     windowed = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
                                "--bench", *_bench_files(tmp_path), "--round-trip", "0-450"],

@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="calls in the memory check (default 1000)")
     parser.add_argument("--memcheck-limit", default="2M", metavar="SIZE",
                         help="fail if any rank grows by more than this (default 2M)")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin rank r to the (r mod C)-th of the C CPUs it may run on, so that with "
+                             "more ranks than CPUs every run shares the cores out alike (recorded as "
+                             "each point's placement; unpinned, the kernel's sharing varies from run "
+                             "to run)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="kill the ranks after this long and exit 124")
 
@@ -106,7 +111,7 @@ def build_spec(args: argparse.Namespace) -> Spec:
                 sizes=tuple(size_steps(low, high, args.stepfactor)), dtype=args.dtype, op=args.op,
                 algorithm=algorithm, warmup=args.warmup, iters=args.iters, budget_s=args.budget,
                 baselines=baselines, memcheck=args.memcheck,
-                memcheck_calls=args.memcheck_calls)
+                memcheck_calls=args.memcheck_calls, pin=args.pin)
 
 
 def _child_environment(job: str) -> dict[str, str]:

@@ -29,8 +29,10 @@ def _ratio(value: float | None) -> str:
 class Table:
     """Rows as nccl-tests prints them, one block per collective, printed by rank 0 as they come."""
 
-    def __init__(self, spec: Spec, ranks: int, baselines: list[str], absent: dict[str, str]) -> None:
+    def __init__(self, spec: Spec, ranks: int, baselines: list[str], absent: dict[str, str],
+                 placement: tuple[int, ...] | None = None) -> None:
         self.spec = spec
+        self.placement = placement   # `--pin`: each rank's CPU, as an index into the CPUs allowed
         self.ranks = ranks
         self.baselines = baselines
         self.absent = absent
@@ -54,6 +56,9 @@ class Table:
                   "(> 1x: colls is faster)")
         for label, reason in self.absent.items():
             print(f"# {label}: not measured: {reason}")
+        if self.placement:
+            print("# pinned: rank r on CPU index " + ", ".join(f"{rank}->{cpu}" for rank, cpu in
+                                                          enumerate(self.placement)))
         print("# copy GB/s: np.copyto of the same bytes on every rank at once (the memory roofline)")
         print(flush=True)
 

@@ -204,7 +204,19 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
                if link is not None else {})}
 
 
-def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit) -> None:
+def pin_rank(world) -> tuple[int, ...]:
+    """`--pin`: this rank onto the (rank mod C)-th of the C CPUs it may run on; every rank's index.
+    With more ranks than CPUs the kernel otherwise deals the ranks out differently from one run to
+    the next (4 ranks on 2 cores, 2026-12-05: a 1 MiB broadcast took 540 us in some launches and
+    950-1000 us in others; with ranks 0 and 1 on one core, 890-1000 us in every launch)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {allowed[world.Get_rank() % len(allowed)]})
+    (cpu,) = os.sched_getaffinity(0)   # what the kernel holds this rank to now, as every rank reports
+    return tuple(world.allgather(allowed.index(cpu)))
+
+
+def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit,
+              placement: tuple[int, ...] | None = None) -> None:
     """The benchmark proper: every collective at every size, rows printed by rank 0 as they finish."""
     rank, ranks = world.Get_rank(), world.Get_size()
     rooflines: dict[int, dict] = {}
@@ -219,6 +231,8 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
                 continue
             done.add(case.nbytes)
             record = run_point(world, colls, baselines, case, spec, rooflines, link)
+            if placement is not None:
+                record["placement"] = list(placement)   # what `colls plan calibrate` simulates
             del case   # free this size's buffers before the next size allocates
             if table is not None:
                 table.row(record)
@@ -247,6 +261,7 @@ def versions(MPI, baselines: list) -> dict:
 
 def run(spec: Spec, world, MPI) -> None:
     """Set up colls and the baselines, run the spec, tear down (collectively: only on success)."""
+    placement = pin_rank(world) if spec.pin else None
     colls = Colls(world, spec.transport, spec.algorithm)
     baselines, absent = ([], {}) if spec.memcheck else start_baselines(world, spec)
     records = open(spec.records_path, "a") if world.Get_rank() == 0 else None
@@ -262,9 +277,9 @@ def run(spec: Spec, world, MPI) -> None:
     else:
         table = None
         if world.Get_rank() == 0:
-            table = Table(spec, world.Get_size(), [b.label for b in baselines], absent)
+            table = Table(spec, world.Get_size(), [b.label for b in baselines], absent, placement)
             table.preamble()
-        run_sizes(world, colls, baselines, spec, table, emit)
+        run_sizes(world, colls, baselines, spec, table, emit, placement)
         if table is not None:
             table.summary()
     for baseline in baselines:

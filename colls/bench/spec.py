@@ -99,6 +99,7 @@ class Spec:
     baselines: tuple[str, ...] = BASELINES
     memcheck: bool = False
     memcheck_calls: int = 1000
+    pin: bool = False                     # each rank on one CPU of its own, round robin (`pin_rank`)
     records_path: str = ""
 
     def save(self, path: str) -> None:

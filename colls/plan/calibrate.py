@@ -408,6 +408,7 @@ class Point:
     nbytes: int
     measured: float
     predicted: float
+    placement: tuple[int, ...] | None = None   # `colls bench --pin`: each rank's core
 
     @property
     def error(self) -> float:
@@ -416,8 +417,10 @@ class Point:
 
 
 def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
-            cores: int | None = None) -> float:
-    """Seconds the simulator predicts for one `colls bench` call (software and input copy included)."""
+            cores: int | None = None, placement: tuple[int, ...] | None = None) -> float:
+    """Seconds the simulator predicts for one `colls bench` call (software and input copy included).
+    `placement`: each rank's core, as `colls bench --pin` recorded it; None: as the kernel deals
+    the ranks out (the median over the even ways, with more ranks than cores)."""
     # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
     # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
     # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
@@ -442,6 +445,10 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     cores_used = network.time_sharing.cores
     per = ranks // cores_used
     ways = math.factorial(ranks) // (math.factorial(per) ** cores_used * math.factorial(cores_used))
+    if placement is not None and cores_used < ranks:
+        network.time_sharing = replace(network.time_sharing,
+                                       placement=tuple(core % cores_used for core in placement))
+        return run_world(ranks, network, body, gamma, copy).seconds
     if not (cores_used < ranks and ranks % cores_used == 0) or ways > MAX_PLACEMENTS:
         return run_world(ranks, network, body, gamma, copy).seconds
     # more ranks than cores: each rank stays on the run queue of one core (the kernel's placement,
@@ -499,35 +506,59 @@ def load_profiles(paths: list[str], runs: str = "median",
     return {ranks: Profile.load(files, runs) for ranks, files in by_ranks.items()}
 
 
-def measured_medians(bench_paths: list[str], runs: str = "median",
-                     window: tuple[float, float] | None = None) -> dict[tuple, float]:
-    """(collective, algorithm, ranks, bytes) -> the median (or fastest) of several bench runs' medians
-    (of the points measured in the mode `window`, see `in_mode`)."""
+def measured_runs(bench_paths: list[str], window: tuple[float, float] | None = None) -> dict[tuple, list[float]]:
+    """(collective, algorithm, ranks, bytes, placement) -> each bench run's median, in the files'
+    order (of the points measured in the mode `window`, see `in_mode`); placement: the ranks' cores
+    as `colls bench --pin` recorded them, None unpinned."""
     found: dict[tuple, list[float]] = {}
     for path in bench_paths:
         for record in json.loads(open(path).read())["records"]:
             if record.get("implementation") == "colls" and in_mode(record, window):
-                key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"])
+                placement = tuple(record["placement"]) if record.get("placement") else None
+                key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"], placement)
                 found.setdefault(key, []).append(record["time_median_s"])
-    return {key: COMBINE[runs](times) for key, times in found.items()}
+    return found
+
+
+def measured_medians(bench_paths: list[str], runs: str = "median",
+                     window: tuple[float, float] | None = None) -> dict[tuple, float]:
+    """(collective, algorithm, ranks, bytes, placement) -> the median (or fastest) of several bench
+    runs' medians (see `measured_runs`)."""
+    return {key: COMBINE[runs](times) for key, times in measured_runs(bench_paths, window).items()}
+
+
+def reproducibility(bench_paths: list[str], runs: str = "median",
+                    window: tuple[float, float] | None = None) -> dict[int, tuple[float, float, int]]:
+    """How closely the bench files agree with themselves, by rank count: every point's runs split
+    into alternate halves (1st, 3rd, ... against 2nd, 4th, ...), each half combined as `runs` says,
+    then the two compared as a prediction is (`summary`): (geometric-mean error, largest, points).
+    No model of these runs can be shown closer than this; points with one run are left out."""
+    logs: dict[int, list[float]] = {}
+    for key, times in measured_runs(bench_paths, window).items():
+        if len(times) >= 2:
+            first, second = COMBINE[runs](times[0::2]), COMBINE[runs](times[1::2])
+            logs.setdefault(key[2], []).append(abs(math.log(second / first)))
+    return {ranks: (math.exp(float(np.mean(values))) - 1, math.exp(max(values)) - 1, len(values))
+            for ranks, values in logs.items()}
 
 
 def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
             runs: str = "median", window: tuple[float, float] | None = None) -> list[Point]:
     """Every colls row of the bench files (medians across files; those measured in the mode
-    `window`) whose rank count has a profile, beside the prediction."""
+    `window`) whose rank count has a profile, beside the prediction (at the row's placement when
+    its ranks were pinned)."""
     points = []
     medians = measured_medians(bench_paths, runs, window)
-    for (collective, algorithm, ranks, nbytes), measured in sorted(medians.items(), key=_table_order):
+    for (collective, algorithm, ranks, nbytes, placement), measured in sorted(medians.items(), key=_table_order):
         if ranks in profiles:
-            predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores)
-            points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted))
+            predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores, placement)
+            points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted, placement))
     return points
 
 
 def _table_order(item: tuple) -> tuple:
-    (collective, _, ranks, nbytes), _ = item
-    return ranks, collective, nbytes
+    (collective, _, ranks, nbytes, placement), _ = item
+    return ranks, collective, nbytes, placement or ()
 
 
 def summary(points: list[Point]) -> tuple[float, float]:
@@ -538,10 +569,13 @@ def summary(points: list[Point]) -> tuple[float, float]:
 
 def table(points: list[Point]) -> str:
     """The comparison as a Markdown table."""
-    lines = ["| collective | ranks | size | algorithm | measured | predicted | error |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    pinned = any(p.placement for p in points)
+    lines = ["| collective | ranks | size | algorithm | " + ("cores | " if pinned else "")
+             + "measured | predicted | error |",
+             "| --- | --- | --- | --- | " + ("--- | " if pinned else "") + "--- | --- | --- |"]
     for p in points:
         size = f"{p.nbytes >> 20} MiB" if p.nbytes >= 1 << 20 else f"{p.nbytes >> 10} KiB"
-        lines.append(f"| {p.collective} | {p.ranks} | {size} | {p.algorithm} | {p.measured * 1e6:.1f} us "
+        cores = ("".join(map(str, p.placement)) if p.placement else "-") + " | " if pinned else ""
+        lines.append(f"| {p.collective} | {p.ranks} | {size} | {p.algorithm} | {cores}{p.measured * 1e6:.1f} us "
                      f"| {p.predicted * 1e6:.1f} us | {p.error * 100:+.1f}% |")
     return "\n".join(lines)

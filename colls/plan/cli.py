@@ -93,7 +93,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_table(args: argparse.Namespace) -> int:
-    from .calibrate import compare, load_profiles, summary, table
+    from .calibrate import compare, load_profiles, reproducibility, summary, table
 
     window = None
     if args.round_trip is not None:
@@ -130,6 +130,10 @@ def calibrate_table(args: argparse.Namespace) -> int:
     for ranks in sorted({p.ranks for p in points}):
         mean, worst = summary([p for p in points if p.ranks == ranks])
         print(f"{ranks} ranks: geometric-mean error {mean * 100:.1f}%, largest {worst * 100:.1f}%")
+    # what the machine itself reproduces: no model can be shown closer than the runs agree
+    for ranks, (mean, worst, count) in sorted(reproducibility(args.bench, args.runs, window).items()):
+        print(f"{ranks} ranks: the bench against itself (alternate runs, each half's {args.runs}; "
+              f"{count} point{'s' * (count != 1)}): {mean * 100:.1f}%, largest {worst * 100:.1f}%")
     return 0
 
 
