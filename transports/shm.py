@@ -292,9 +292,12 @@ class ShmTransport(Transport):
         memory attach throughout was 3-5x faster for a 2-rank all_to_all or all_gather of 1-4 MiB,
         and the thresholds 1.3x faster for a reduce_scatter of 1 MiB; in the fast state the
         thresholds won, and the choice took the right way at every point of a probe that ran the
-        calls in blocks. Inside `colls bench`'s rounds, between MPI's and Gloo's calls, it still
-        took the slower way at times in the fast state (a 1 MiB all_to_all 117 us against 59), so
-        it is not the default."""
+        calls in blocks, at a cost of 1.5-2.5 us a call at 256 KiB (7%) and 3-5% at 4 MiB (its
+        tries, and 1.3 us for this method and `end_call`). In `colls bench`, between MPI's and
+        Gloo's calls, ten launches of each (2026-12-05 03:18) gave the 4 MiB all_gather 3.3-3.8x
+        MPI's speed in the three launches that ran slow, where every launch without it was at
+        0.95-1.07x, but the 256 KiB all_to_all 0.70x against 0.83x (medians over the launches),
+        so it is not the default."""
         if not self.adapting:
             return
         index = self.call_kinds.get(key)
@@ -303,7 +306,10 @@ class ShmTransport(Transport):
                 return   # (a table full of kinds: the rest keep the thresholds)
             index = self.call_kinds[key] = len(self.call_kinds)
         if self.rank == 0:
+            before = self.adaptive.preferred(index)
             code = self.adaptive.choose(index, 0)
+            if before is not None and self.adaptive.preferred(index) != before:   # (it may decide
+                self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)   # there)
         else:
             chosen = int(self.peers[0].array[CHOICES_OFFSET + index])
             code = self.adaptive.choose(index, 0, chosen - 1 if chosen else None)
@@ -356,7 +362,7 @@ class ShmTransport(Transport):
             if report[at] != index or report[at + 1] != calls:
                 return   # a rank that did not time it (other work before it)
             seconds = max(seconds, report[at + 2] / 1e9)
-        self.adaptive.record(index, way, seconds, 1)
+        self.adaptive.record(index, way, seconds, 1, calls)
         self.segment.array[CHOICES_OFFSET + index] = 1 + self.adaptive.preferred(index)
 
     # -- posting ---------------------------------------------------------------------------------
