@@ -41,6 +41,8 @@ from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_tuned
 
+MODE_FIELDS = ("round_trip_ns", "exchange_us")   # `CoreLink.mode`, in its order
+
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 
@@ -373,7 +375,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     link = CoreLink.open(pair.rank, pair.size, share, pair.barrier)   # before pinning: a core per rank
     before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
     try:
-        mode_before = link.round_trip_ns() if link is not None else None   # the VM's mode
+        mode_before = link.mode() if link is not None else (None, None)   # the VM's mode
         cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
@@ -406,7 +408,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         spin = spin_seconds(pair)
         one_slot_spin = one_slot_spin_seconds(pair)
-        mode_after = link.round_trip_ns() if link is not None else None
+        mode_after = link.mode() if link is not None else (None, None)
     finally:
         if link is not None:
             link.close()
@@ -417,8 +419,9 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
              "post_s": post,
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
-             "round_trip_before_ns": float("nan") if mode_before is None else mode_before,
-             "round_trip_after_ns": float("nan") if mode_after is None else mode_after}
+             **{f"{name}_{when}": float("nan") if value is None else value
+                for when, mode in (("before", mode_before), ("after", mode_after))
+                for name, value in zip(MODE_FIELDS, mode, strict=True)}}
     return message, exchanges, written, send, extra
 
 
@@ -457,9 +460,11 @@ def profile(comm: Communicator) -> dict:
     if comm.rank == 0 and comm.size > cores:   # only ranks beyond the cores wait for one
         hold = mpi_barrier_hold_seconds(extra["one_slot_wake_s"])
         extra["barrier_hold_s"] = float("nan") if hold is None else hold
+    modes = tuple(f"{name}_{when}" for name in MODE_FIELDS for when in ("before", "after"))
     names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
-             "one_slot_wake_s", "barrier_hold_s", "round_trip_before_ns", "round_trip_after_ns")
+             "one_slot_wake_s", "barrier_hold_s", *modes)
     shared = comm.broadcast(np.array([extra.get(name, float("nan")) for name in names]), root=0)
+    measured = {name: float(value) for name, value in zip(names, shared, strict=True)}
     calls = {name: call_seconds(comm, name) for name in PROFILE_CALLS}
     work = {kind: {str(n): work_seconds_per_byte(comm, kind, n, workers) for n in PROFILE_WORK_BYTES}
             for kind in ("reduce", "copy")}
@@ -474,12 +479,12 @@ def profile(comm: Communicator) -> dict:
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written, "send_s": send,
-            **{name: float(value) for name, value in zip(names, shared, strict=True)
-               if not name.startswith("round_trip") and value == value},   # NaN: not measured
+            **{name: value for name, value in measured.items()
+               if name not in modes and value == value},   # NaN: not measured
             # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after
-            "round_trip_ns": [round(float(value), 1) if value == value else None   # NaN: not measured
-                              for name, value in zip(names, shared, strict=True)
-                              if name.startswith("round_trip")],
+            **{field: [round(value, 1) if value == value else None   # NaN: not measured
+                       for value in (measured[f"{field}_before"], measured[f"{field}_after"])]
+               for field in MODE_FIELDS},
             "call_s": calls, "reduce_s_per_byte": work["reduce"], "copy_s_per_byte": work["copy"],
             "alloc_s_per_byte": work["alloc"], "reduce_call_s": work_call["reduce"],
             "copy_call_s": work_call["copy"]}

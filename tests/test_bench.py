@@ -130,6 +130,8 @@ def test_every_collective_runs_right_and_writes_json(tmp_path, transport):
         assert record["algorithm"] in colls.algorithms(record["collective"])
         if len(os.sched_getaffinity(0)) >= 2:   # the machine's mode around the point: two round trips
             assert len(record["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in record["round_trip_ns"])
+            # and two 256 KiB exchanges (tens of microseconds: more than the copy, less than a second)
+            assert len(record["exchange_us"]) == 2 and all(1 < t < 1e6 for t in record["exchange_us"])
     table = (tmp_path / "out.md").read_text()
     assert table.count("| size | algorithm |") == 6 and "colls / MPI" in table
 
@@ -148,6 +150,7 @@ def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
     assert len(records) == 2
     for record in records:
         assert len(record["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in record["round_trip_ns"])
+        assert len(record["exchange_us"]) == 2 and all(1 < t < 1e6 for t in record["exchange_us"])
 
 
 @needs_mpi
@@ -155,11 +158,12 @@ def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
 @pytest.mark.timeout(90)
 def test_pinned_ranks_share_the_cpus_round_robin_and_record_it(tmp_path):
     cpus = len(os.sched_getaffinity(0))
-    result = colls_bench("-n", "4", "--pin", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1", "--iters", "3",
-                         "--no-baselines", "--json", "out.json", cwd=tmp_path)
+    result = colls_bench("-n", "4", "--pin", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1",
+                         "--iters", "3", "--no-baselines", "--json", "out.json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     expected = [rank % cpus for rank in range(4)]
-    assert "# pinned: rank r on CPU index " + ", ".join(f"{r}->{c}" for r, c in enumerate(expected)) in result.stdout
+    pinned = ", ".join(f"{rank}->{cpu}" for rank, cpu in enumerate(expected))
+    assert "# pinned: rank r on CPU index " + pinned in result.stdout
     (record,) = json.loads((tmp_path / "out.json").read_text())["records"]
     assert record["placement"] == expected and record["wrong"] == 0
     unpinned = colls_bench("-n", "2", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1", "--iters", "3",
@@ -230,6 +234,7 @@ def test_targets_table_judges_ratios():
     records = [record(8, 4e-6, 0.5, 30.0), record(64 << 10, 40e-6, 1.1, 8.0),
                record(16 << 20, 4e-3, 1.3, 4.0), record(32 << 20, 8e-3, 1.2, 2.0)]
     records[3]["round_trip_ns"] = [640.2, 612.7]   # the machine's mode then: shown beside the worst point
+    records[3]["exchange_us"] = [141.3, 139.6]
     lines = table([{"records": records}]).splitlines()[2:]
     verdict = {tuple(line.strip("| ").split(" | ")[:2]): line.rsplit(" | ", 1)[1].strip(" |")
                for line in lines}
@@ -239,7 +244,8 @@ def test_targets_table_judges_ratios():
     assert verdict["all_reduce, 2 ranks, 8 B latency", ">= 20x faster than Gloo"] == "met"
     assert verdict["any collective vs Gloo", ">= 3x busbw at every size"] == "not met"
     assert verdict["broadcast, 2 ranks", ">= 1.0x MPICH busbw at >= 1 MiB"] == "no data"
-    assert any("worst 1.20x at 32 MiB (round trip 613-640 ns)" in line for line in lines)
+    assert any("worst 1.20x at 32 MiB (round trip 613-640 ns; 256 KiB exchange 140-141 us)" in line
+               for line in lines)
 
 
 ROTATION_PROGRAM = """

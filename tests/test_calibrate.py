@@ -11,8 +11,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from colls.plan.calibrate import (Profile, SharedMemory, in_mode, load_profiles, measured_medians, predict,
-                                  reproducibility)
+from colls.plan.calibrate import (
+    Profile,
+    SharedMemory,
+    in_mode,
+    load_profiles,
+    measured_medians,
+    predict,
+    reproducibility,
+)
 from colls.plan.simulate import run_world
 from transports.sim import IdealNetwork, TimeSharing
 
@@ -348,8 +355,8 @@ def test_a_pinned_point_is_predicted_at_its_placement():
             times[placement])
     assert len(set(round(t, 9) for t in times.values())) > 1   # the placement matters at all
     # on as many cores as ranks a recorded placement shares nothing
-    assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4, placement=(0, 1, 2, 3)) == pytest.approx(
-        predict("broadcast", "pipeline", 4, MIB, machine, cores=4))
+    spread = predict("broadcast", "pipeline", 4, MIB, machine, cores=4, placement=(0, 1, 2, 3))
+    assert spread == pytest.approx(predict("broadcast", "pipeline", 4, MIB, machine, cores=4))
 
 
 def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):
@@ -357,6 +364,12 @@ def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path)
     assert in_mode({"round_trip_ns": [260.0, 310.0]}, (0, 450))
     assert not in_mode({"round_trip_ns": [260.0, 650.0]}, (0, 450))   # the mode changed midway
     assert not in_mode({}, (0, 450)) and not in_mode({"round_trip_ns": [None, None]}, (0, 450))
+    # by the 256 KiB exchange, or by both
+    slow = {"round_trip_ns": [660.0, 690.0], "exchange_us": [139.0, 143.0]}
+    assert in_mode(slow, {"exchange_us": (80, 1000)}) and not in_mode(slow, {"exchange_us": (0, 80)})
+    assert in_mode(slow, {"round_trip_ns": (450, 2000), "exchange_us": (80, 1000)})
+    assert not in_mode(slow, {"round_trip_ns": (0, 450), "exchange_us": (80, 1000)})
+    assert not in_mode({"round_trip_ns": [300.0, 310.0]}, {"exchange_us": (0, 80)})   # not measured
     record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 2,
               "bytes": MIB}
     runs = []
@@ -413,6 +426,12 @@ def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
                           "--bench", *_bench_files(tmp_path), "--round-trip", "fast"],
                          capture_output=True, text=True, timeout=50)
     assert bad.returncode != 0 and "--round-trip takes LO-HI in ns, got 'fast'" in bad.stderr
+    both = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
+                           "--bench", *_bench_files(tmp_path), "--round-trip", "0-450", "--exchange", "0-80"],
+                          capture_output=True, text=True, timeout=50)
+    assert both.returncode == 0, both.stderr
+    assert ("round trip of 0-450 ns and a 256 KiB exchange of 0-80 us: profiles at no rank count"
+            in both.stdout)
 
 
 def test_scratch_buffers_pay_their_first_touch():
@@ -824,8 +843,10 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     machine = Profile.load([str(path)])
     assert machine.exchange_seconds(8) == pytest.approx(measured["exchange_s"]["8"])
     assert machine.one_slot_spin == pytest.approx(measured["one_slot_spin_s"])
-    # the machine's mode while ranks 0 and 1 measured: a cache line's round trip before and after
+    # the machine's mode while ranks 0 and 1 measured: a cache line's round trip before and after,
+    # and a 256 KiB exchange
     assert len(measured["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in measured["round_trip_ns"])
+    assert len(measured["exchange_us"]) == 2 and all(1 < t < 1e6 for t in measured["exchange_us"])
 
 
 @pytest.mark.timeout(150)

@@ -24,10 +24,10 @@ reduce_scatter in two runs of three. The windows on both sides: a key's calls ge
 their first hundred or so whichever the way, and a try compared with the calls before it only
 took the slower way inside `colls bench` (2026-12-05, fast state: a 4 MiB all_to_all's calls 43-46
 took 1047-1321 us through the slots, its try's calls 49-53 by cross-memory attach 290-314 us, and
-from call 139 on the two ways took 272-334 us by attach and 282-357 through the slots). The first try waits for
-the 48th call for the same reason: with it on the 16th, a probe of 1 MiB all_to_alls in rounds of
-ten between MPI's calls chose the slower way in one run of three (its calls 11-15 took 103-177 us
-through the slots, 80 from call 100 on), with it on the 48th in none of four. A change of state is
+from call 139 on the two ways took 272-334 us by attach and 282-357 through the slots). The first
+try waits for the 48th call for the same reason: with it on the 16th, a probe of 1 MiB all_to_alls
+in rounds of ten between MPI's calls chose the slower way in one run of three (its calls 11-15 took
+103-177 us through the slots, 80 from call 100 on), with it on the 48th in none of four. A change of state is
 seen within two cycles; a try costs `TRY` calls by the slower way in `explore_every`. This is how
 STAR-MPI (Faraj, Yuan & Lowenthal, ICS 2006) picks among collective algorithms at run time. Like
 STAR-MPI it times whole calls: timing each exchange on its own (tried 2026-12-05, commit 3c98fbb)

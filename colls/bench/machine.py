@@ -6,6 +6,15 @@ two threads of one host core), then ~630-790 ns for minutes (two cores apart), a
 between ranks changes speed with it (bench/RESULTS.md). `colls bench` records the round trip
 before and after each point and `colls tune --profile` before and after its messages, so that
 `colls plan calibrate --round-trip LO-HI` can compare measurements made in one mode.
+
+The round trip does not tell a third state apart (2026-12-05): copies into memory the other core
+has just read run about five times slower, a 1 MiB exchange through the FIFO's slots taking ~500
+us against ~80, at round trips of 660-870 ns either way, from one launch of the ranks to the next.
+So `CoreLink` also times exchanges of 256 KiB through shared memory (`exchange_us`): ranks 0 and 1
+each write a buffer of their own while the other writes its, then read the other's, as a FIFO
+exchange does: 40-47 us in launches where that 1 MiB exchange took 78-81 us, 140-179 us in
+launches where it took 489-519 us. (Taking turns instead, one rank copying at a time, read 14-20
+us in both.)
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from collections.abc import Callable
 import numpy as np
 
 ROUND_TRIPS = 2000   # ~0.5-1.6 ms a measurement on the reference machine
+EXCHANGE_BYTES = 256 << 10   # what ranks 0 and 1 each write and the other reads (one FIFO slot)
+EXCHANGES = 20       # exchanges a measurement times, after half as many untimed
 SLEEP_S = 2e-4       # how often a rank that waits out a measurement looks whether it is over
 
 
@@ -30,7 +41,14 @@ class CoreLink:
         self.words = words
         self.page = page
         self.barrier = barrier
-        self.count = 0
+        self.trips = 0      # round trips made so far (`round_trip_ns`)
+        self.exchanges = 0  # exchanges made so far (`exchange_us`)
+        self.measured = 0   # measurements made so far (the ranks beyond 1 sleep through them)
+        # rank r writes the r-th buffer after the page, and reads the other
+        self.buffers = [np.frombuffer(page, np.uint8, EXCHANGE_BYTES, mmap.PAGESIZE + i * EXCHANGE_BYTES)
+                        for i in range(2)]
+        self.mine = np.full(EXCHANGE_BYTES, rank, np.uint8)   # what this rank writes
+        self.seen = np.empty(EXCHANGE_BYTES, np.uint8)        # what it reads into
         allowed = sorted(os.sched_getaffinity(0))
         self.cpu = allowed[rank % len(allowed)]   # ranks 0 and 1 bounce the line from CPUs of their own
 
@@ -48,7 +66,7 @@ class CoreLink:
             path = f"/dev/shm/colls-line-{os.getpid()}"
             try:
                 with open(path, "wb") as handle:
-                    handle.write(bytes(mmap.PAGESIZE))
+                    handle.write(bytes(mmap.PAGESIZE + 2 * EXCHANGE_BYTES))
                 made = os.getpid()
             except OSError:   # no /dev/shm here: no mode to record
                 pass
@@ -60,7 +78,7 @@ class CoreLink:
         try:
             fd = os.open(path, os.O_RDWR)
             try:
-                page = mmap.mmap(fd, mmap.PAGESIZE)
+                page = mmap.mmap(fd, mmap.PAGESIZE + 2 * EXCHANGE_BYTES)
             finally:
                 os.close(fd)
         finally:
@@ -73,6 +91,21 @@ class CoreLink:
         """Nanoseconds per round trip, rank 0's measurement (0.0 on the other ranks, None if the
         peer did not answer within a second); collective. Ranks 0 and 1 run on CPUs of their own
         meanwhile: on one CPU each hand-over would wait for the scheduler."""
+        return self._pinned(self._bounce)
+
+    def mode(self) -> tuple[float | None, float | None]:
+        """(`round_trip_ns`, `exchange_us`): the machine's mode now; collective."""
+        return self.round_trip_ns(), self.exchange_us()
+
+    def exchange_us(self) -> float | None:
+        """Microseconds per exchange of 256 KiB between ranks 0 and 1 through shared memory (each
+        writes its buffer while the other writes its own, then reads the other's), rank 0's
+        measurement (0.0 on the other ranks, None if the peer did not answer within a second);
+        collective, pinned as `round_trip_ns`."""
+        return self._pinned(lambda: (self._exchange(EXCHANGES // 2), self._exchange(EXCHANGES))[1])
+
+    def _pinned(self, measure: Callable[[], float | None]) -> float | None:
+        """`measure()` on ranks 0 and 1, each pinned to a CPU of its own, while the others sleep."""
         self.barrier()
         if self.rank > 1:
             self._sleep_through()
@@ -80,24 +113,25 @@ class CoreLink:
         allowed = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {self.cpu})
         try:
-            return self._bounce()
+            return measure()
         finally:
             os.sched_setaffinity(0, allowed)
+            self.measured += 1
             if self.rank == 0:
-                self.words[16] = self.count   # the other ranks may wake (a line of its own)
+                self.words[16] = self.measured   # the other ranks may wake (a line of its own)
 
     def _sleep_through(self) -> None:
         """The ranks beyond 0 and 1 sleep until rank 0 has measured: polling, they would take
         the CPUs the two need (4 ranks on 2 CPUs)."""
-        self.count += ROUND_TRIPS
+        self.measured += 1
         deadline = time.monotonic() + 2.0   # as long as a bounce may take, and its give-up
-        while self.words[16] < self.count and time.monotonic() < deadline:
+        while self.words[16] < self.measured and time.monotonic() < deadline:
             time.sleep(SLEEP_S)
 
     def _bounce(self) -> float | None:
         words = self.words
-        first = self.count + 1
-        self.count += ROUND_TRIPS
+        first = self.trips + 1
+        self.trips += ROUND_TRIPS
         deadline = time.monotonic() + 1.0   # a peer that never answers: give up, report nothing
         polls = 0
         if self.rank == 0:
@@ -118,7 +152,43 @@ class CoreLink:
                 words[8] = i
         return 0.0
 
+    def _exchange(self, count: int) -> float | None:
+        """`count` exchanges, seconds each on rank 0: write mine once the other has read my last
+        (words[40 + 8r]: the exchanges rank r has read), say so (words[24 + 8r]: those it has
+        written), wait for the other's, read it, say so."""
+        words, me, other = self.words, self.rank, 1 - self.rank
+        first = self.exchanges + 1
+        self.exchanges += count
+        deadline = time.monotonic() + 1.0
+        start = time.perf_counter()
+        for i in range(first, first + count):
+            if not self._wait(40 + 8 * other, i - 1, deadline):
+                return None
+            np.copyto(self.buffers[me], self.mine)
+            words[24 + 8 * me] = i
+            if not self._wait(24 + 8 * other, i, deadline):
+                return None
+            np.copyto(self.seen, self.buffers[other])
+            words[40 + 8 * me] = i
+        return (time.perf_counter() - start) / count * 1e6 if self.rank == 0 else 0.0
+
+    def _wait(self, word: int, value: int, deadline: float) -> bool:
+        """Poll until words[word] >= value: False if the deadline passes first."""
+        words, polls = self.words, 0
+        while words[word] < value:
+            polls += 1
+            if not polls & 0xFFFF and time.monotonic() > deadline:
+                return False
+        return True
+
     def close(self) -> None:
         """Unmap the page."""
-        del self.words
+        del self.words, self.buffers
         self.page.close()
+
+
+def mode_fields(before: tuple[float | None, float | None], after: tuple[float | None, float | None]) -> dict:
+    """A record's fields for the modes `CoreLink.mode` measured before and after it: round_trip_ns
+    and exchange_us, each [before, after] (None where the peer did not answer)."""
+    return {name: [None if value is None else round(value, 1) for value in (before[i], after[i])]
+            for i, name in enumerate(("round_trip_ns", "exchange_us"))}

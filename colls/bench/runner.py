@@ -20,7 +20,7 @@ import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
 from .cases import Case, colls_call, make_case
-from .machine import CoreLink
+from .machine import CoreLink, mode_fields
 from .memcheck import run_memcheck
 from .report import Table
 from .spec import Spec, bus_factor
@@ -188,9 +188,9 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
         measure(world, [roof], spec)
         rooflines[case.nbytes] = roof.figures(world, case.nbytes, 1.0)
         rooflines[case.nbytes].pop("wrong")
-    before = link.round_trip_ns() if link is not None else None
+    before = link.mode() if link is not None else None
     measure(world, contenders, spec)
-    after = link.round_trip_ns() if link is not None else None
+    after = link.mode() if link is not None else None
     figures = {c.name: c.figures(world, case.nbytes, factor) for c in contenders}
     mine = figures.pop("colls")
     for theirs in figures.values():   # colls busbw / baseline busbw = their time / ours
@@ -200,8 +200,7 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
             "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
             "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes],
             # the machine's mode around the point (rank 0's; `colls.bench.machine`), when measurable
-            **({"round_trip_ns": [None if t is None else round(t, 1) for t in (before, after)]}
-               if link is not None else {})}
+            **(mode_fields(before, after) if link is not None else {})}
 
 
 def pin_rank(world) -> tuple[int, ...]:

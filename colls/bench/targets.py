@@ -36,9 +36,15 @@ def _worst(records: list[dict], baseline: str, low: int = 0) -> tuple[float, int
 
 def _mode(record: dict | None) -> str:
     """The machine's mode while `record` was measured, as `colls bench` recorded it (ranks 0 and 1's
-    cache-line round trip before and after, `colls.bench.machine`), or nothing where it did not."""
-    trips = [trip for trip in (record or {}).get("round_trip_ns") or [] if trip is not None]
-    return f" (round trip {min(trips):.0f}-{max(trips):.0f} ns)" if trips else ""
+    cache-line round trip and 256 KiB exchange before and after, `colls.bench.machine`), or nothing
+    where it did not."""
+    parts = []
+    for field, label, unit in (("round_trip_ns", "round trip", "ns"),
+                               ("exchange_us", "256 KiB exchange", "us")):
+        values = [value for value in (record or {}).get(field) or [] if value is not None]
+        if values:
+            parts.append(f"{label} {min(values):.0f}-{max(values):.0f} {unit}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _row(what: str, target: str, measured: str, met: bool | None) -> str:

@@ -484,18 +484,26 @@ def placements(ranks: int, cores: int) -> list[tuple[int, ...]]:
     return found
 
 
-def in_mode(entry: dict, window: tuple[float, float] | None) -> bool:
-    """Whether a profile or a bench record was measured in the machine mode `window` (lo, hi): the
-    cache-line round trips taken before and after it (`round_trip_ns`, `colls.bench.machine`) all
-    lie in [lo, hi). No window: everything; a window: nothing that has no round trips."""
+Window = tuple[float, float] | dict[str, tuple[float, float]] | None   # a machine mode: see `in_mode`
+
+
+def in_mode(entry: dict, window: Window) -> bool:
+    """Whether a profile or a bench record was measured in the machine mode `window`: (lo, hi) for
+    the cache-line round trips taken before and after it (`round_trip_ns`, `colls.bench.machine`),
+    all within [lo, hi); or {field: (lo, hi)} for each of several such fields (`round_trip_ns`,
+    `exchange_us`). No window: everything; a window: nothing that has no such measurement."""
     if window is None:
         return True
-    trips = [trip for trip in entry.get("round_trip_ns") or [] if trip is not None]
-    return bool(trips) and all(window[0] <= trip < window[1] for trip in trips)
+    bounds = window if isinstance(window, dict) else {"round_trip_ns": window}
+    for field, (low, high) in bounds.items():
+        values = [value for value in entry.get(field) or [] if value is not None]
+        if not values or not all(low <= value < high for value in values):
+            return False
+    return True
 
 
 def load_profiles(paths: list[str], runs: str = "median",
-                  window: tuple[float, float] | None = None) -> dict[int, Profile]:
+                  window: Window = None) -> dict[int, Profile]:
     """Profiles by rank count (those measured in the mode `window`, see `in_mode`); several files
     of one rank count combine as `runs` says."""
     by_ranks: dict[int, list[str]] = {}
@@ -506,7 +514,7 @@ def load_profiles(paths: list[str], runs: str = "median",
     return {ranks: Profile.load(files, runs) for ranks, files in by_ranks.items()}
 
 
-def measured_runs(bench_paths: list[str], window: tuple[float, float] | None = None) -> dict[tuple, list[float]]:
+def measured_runs(bench_paths: list[str], window: Window = None) -> dict[tuple, list[float]]:
     """(collective, algorithm, ranks, bytes, placement) -> each bench run's median, in the files'
     order (of the points measured in the mode `window`, see `in_mode`); placement: the ranks' cores
     as `colls bench --pin` recorded them, None unpinned."""
@@ -521,14 +529,14 @@ def measured_runs(bench_paths: list[str], window: tuple[float, float] | None = N
 
 
 def measured_medians(bench_paths: list[str], runs: str = "median",
-                     window: tuple[float, float] | None = None) -> dict[tuple, float]:
+                     window: Window = None) -> dict[tuple, float]:
     """(collective, algorithm, ranks, bytes, placement) -> the median (or fastest) of several bench
     runs' medians (see `measured_runs`)."""
     return {key: COMBINE[runs](times) for key, times in measured_runs(bench_paths, window).items()}
 
 
 def reproducibility(bench_paths: list[str], runs: str = "median",
-                    window: tuple[float, float] | None = None) -> dict[int, tuple[float, float, int]]:
+                    window: Window = None) -> dict[int, tuple[float, float, int]]:
     """How closely the bench files agree with themselves, by rank count: every point's runs split
     into alternate halves (1st, 3rd, ... against 2nd, 4th, ...), each half combined as `runs` says,
     then the two compared as a prediction is (`summary`): (geometric-mean error, largest, points).
@@ -543,13 +551,14 @@ def reproducibility(bench_paths: list[str], runs: str = "median",
 
 
 def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
-            runs: str = "median", window: tuple[float, float] | None = None) -> list[Point]:
+            runs: str = "median", window: Window = None) -> list[Point]:
     """Every colls row of the bench files (medians across files; those measured in the mode
     `window`) whose rank count has a profile, beside the prediction (at the row's placement when
     its ranks were pinned)."""
     points = []
     medians = measured_medians(bench_paths, runs, window)
-    for (collective, algorithm, ranks, nbytes, placement), measured in sorted(medians.items(), key=_table_order):
+    for key, measured in sorted(medians.items(), key=_table_order):
+        collective, algorithm, ranks, nbytes, placement = key
         if ranks in profiles:
             predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores, placement)
             points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted, placement))
@@ -576,6 +585,6 @@ def table(points: list[Point]) -> str:
     for p in points:
         size = f"{p.nbytes >> 20} MiB" if p.nbytes >= 1 << 20 else f"{p.nbytes >> 10} KiB"
         cores = ("".join(map(str, p.placement)) if p.placement else "-") + " | " if pinned else ""
-        lines.append(f"| {p.collective} | {p.ranks} | {size} | {p.algorithm} | {cores}{p.measured * 1e6:.1f} us "
-                     f"| {p.predicted * 1e6:.1f} us | {p.error * 100:+.1f}% |")
+        lines.append(f"| {p.collective} | {p.ranks} | {size} | {p.algorithm} | {cores}"
+                     f"{p.measured * 1e6:.1f} us | {p.predicted * 1e6:.1f} us | {p.error * 100:+.1f}% |")
     return "\n".join(lines)

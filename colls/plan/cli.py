@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="only profiles and bench points measured in one mode of the machine: "
                                 "ranks 0 and 1's cache-line round trip before and after them within "
                                 "[LO, HI) ns (recorded by colls bench and colls tune --profile)")
+    calibrate.add_argument("--exchange", default=None, metavar="LO-HI",
+                           help="likewise by ranks 0 and 1's 256 KiB exchange through shared memory, "
+                                "within [LO, HI) us (e.g. 0-80 where it reads ~40 in one state of a VM "
+                                "and ~140 in another)")
     for mode in (collective, train, scale):
         mode.add_argument("--nodes", default="16" if mode is not train else "128",
                           help="nodes (scale: a comma-separated list)")
@@ -95,18 +99,23 @@ def plan_command(args: argparse.Namespace) -> int:
 def calibrate_table(args: argparse.Namespace) -> int:
     from .calibrate import compare, load_profiles, reproducibility, summary, table
 
-    window = None
-    if args.round_trip is not None:
-        try:
-            low, high = (float(bound) for bound in args.round_trip.split("-"))
-        except ValueError:
-            raise SystemExit("colls plan calibrate: --round-trip takes LO-HI in ns, "
-                             f"got {args.round_trip!r}") from None
-        window = (low, high)
-    profiles = load_profiles(args.profile, args.runs, window)
-    points = compare(args.bench, profiles, args.cores, args.runs, window)
-    if window is not None:
-        print(f"# measured with a round trip of {window[0]:g}-{window[1]:g} ns: profiles at "
+    window = {}
+    for option, field, text, unit in (("--round-trip", "round_trip_ns", args.round_trip, "ns"),
+                                       ("--exchange", "exchange_us", args.exchange, "us")):
+        if text is not None:
+            try:
+                low, high = (float(bound) for bound in text.split("-"))
+            except ValueError:
+                raise SystemExit(f"colls plan calibrate: {option} takes LO-HI in {unit}, "
+                                 f"got {text!r}") from None
+            window[field] = (low, high)
+    profiles = load_profiles(args.profile, args.runs, window or None)
+    points = compare(args.bench, profiles, args.cores, args.runs, window or None)
+    if window:
+        labels = {"round_trip_ns": ("a round trip of", "ns"), "exchange_us": ("a 256 KiB exchange of", "us")}
+        print("# measured with " + " and ".join(f"{labels[field][0]} {low:g}-{high:g} {labels[field][1]}"
+                                                 for field, (low, high) in window.items())
+              + ": profiles at "
               + (", ".join(f"{ranks} ranks" for ranks in sorted(profiles)) or "no rank count")
               + f", {len(points)} bench points")
     for ranks, profile in sorted(profiles.items()):
@@ -131,7 +140,7 @@ def calibrate_table(args: argparse.Namespace) -> int:
         mean, worst = summary([p for p in points if p.ranks == ranks])
         print(f"{ranks} ranks: geometric-mean error {mean * 100:.1f}%, largest {worst * 100:.1f}%")
     # what the machine itself reproduces: no model can be shown closer than the runs agree
-    for ranks, (mean, worst, count) in sorted(reproducibility(args.bench, args.runs, window).items()):
+    for ranks, (mean, worst, count) in sorted(reproducibility(args.bench, args.runs, window or None).items()):
         print(f"{ranks} ranks: the bench against itself (alternate runs, each half's {args.runs}; "
               f"{count} point{'s' * (count != 1)}): {mean * 100:.1f}%, largest {worst * 100:.1f}%")
     return 0
