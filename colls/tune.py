@@ -646,6 +646,9 @@ def main() -> int:
     """Worker entry point: measure on this job's ranks; rank 0 saves and prints."""
     import colls
 
+    from .bench.machine import fixed_mmap_threshold
+
+    fixed_mmap_threshold()   # every measurement's buffers fresh mappings, whatever ran before
     comm = colls.init()
     if "--profile" in sys.argv:
         path = sys.argv[sys.argv.index("--profile") + 1]

@@ -20,7 +20,7 @@ import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
 from .cases import Case, colls_call, make_case
-from .machine import CoreLink, mode_fields
+from .machine import CoreLink, fixed_mmap_threshold, mode_fields
 from .memcheck import run_memcheck
 from .report import Table
 from .spec import Spec, bus_factor
@@ -293,6 +293,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
+    fixed_mmap_threshold()   # every point's buffers fresh mappings, whatever points ran before
     try:
         run(Spec.load(argv[0]), world, MPI)
     except BaseException:
