@@ -94,8 +94,9 @@ import numpy as np
 from colls.bench.machine import fixed_mmap_threshold
 
 class Info(ctypes.Structure):   # glibc's struct mallinfo2
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                      "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                      "keepcost")]
 
 libc = ctypes.CDLL(None)
 if not hasattr(libc, "mallinfo2"):
