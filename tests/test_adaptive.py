@@ -3,6 +3,7 @@ lately: `transports.adaptive` and `ShmTransport.begin_call`."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -169,6 +170,29 @@ def test_bad_settings_are_refused_by_name():
         ProtocolChoice(margin=1.5)
     with pytest.raises(ValueError, match="first_try"):
         ProtocolChoice(first_try=2)
+
+
+def test_a_choosing_transport_keeps_the_slots_as_far_as_the_default_whatever_the_tune(tmp_path, monkeypatch):
+    from transports.shm import exchange_rendezvous_bytes
+
+    # a tune made in the slow state: cross-memory attach from 512 KiB, plain and reducing
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"shm": {"exchange_cma": {"plain": 512 << 10, "reducing": 512 << 10}}}))
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(path))
+    for variable in ("COLLS_SHM_EXCHANGE_CMA_BYTES", "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES"):
+        monkeypatch.delenv(variable, raising=False)
+    chunk, slots = 256 << 10, 4
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2) == 512 << 10   # the tune's
+    assert exchange_rendezvous_bytes(chunk, slots, 2, True, cores=2) == 512 << 10
+    # choosing per kind of call, the thresholds' way goes through the slots up to the defaults
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2, slots_first=True) == 4 << 20
+    assert exchange_rendezvous_bytes(chunk, slots, 2, True, cores=2, slots_first=True) == 16 << 20
+    # a tune that found the slots faster further up is kept
+    path.write_text(json.dumps({"shm": {"exchange_cma": {"plain": 32 << 20, "reducing": 32 << 20}}}))
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2, slots_first=True) == 32 << 20
+    # and a threshold the user set is the user's
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(256 << 10))
+    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2, slots_first=True) == 256 << 10
 
 
 def _all_to_alls(comm, nbytes: int, calls: int, pause: float = 0.0) -> list:

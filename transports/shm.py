@@ -66,7 +66,7 @@ ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its messag
 
 
 def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
-                              cores: int | None = None) -> int:
+                              cores: int | None = None, slots_first: bool = False) -> int:
     """A sendrecv's message at least this large moves by cross-memory attach (`reducing`: one whose
     receive is a reduction): when every rank of the group can have a core of its own, from what
     `colls tune` measured (`tuned_exchange_bytes`; `COLLS_SHM_EXCHANGE_CMA_BYTES` and
@@ -82,7 +82,14 @@ def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool 
     122-123, 2 MiB 151-155 / 233-241, 4 MiB 296-313 / 356-367, 16 MiB 1716-1796 / 1735-1747.
     Two reads at once ran at 11-13 GB/s each where the slots' copies stay in cache. (On
     2026-12-03's machine a plain 512 KiB exchange was the other way round: 68-71 us through the
-    FIFO, 35 us by cross-memory attach.)"""
+    FIFO, 35 us by cross-memory attach.)
+
+    `slots_first`: a tuned threshold no lower than the default, for a transport that chooses its
+    way per kind of call (`ShmTransport.begin_call`): there the other way is cross-memory attach
+    throughout, so the thresholds' way keeps the slots as far as the tune or the default says. (A
+    tune measures in the state the machine is in: 2026-12-05, two tunes in the slow state put both
+    thresholds at 512 KiB, and the benches after them ran in the fast state, where the slots
+    were faster from 512 KiB to 4 MiB.)"""
     fifo = rendezvous_bytes(chunk, slots)
     if size > (cores if cores is not None else len(os.sched_getaffinity(0))):
         return fifo
@@ -91,7 +98,10 @@ def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool 
     if variable in os.environ:
         return int(os.environ[variable])
     tuned = tuned_exchange_bytes().get(kind)
-    return tuned if tuned is not None else max(fifo, (16 << 20) if reducing else (4 << 20))
+    default = max(fifo, (16 << 20) if reducing else (4 << 20))
+    if tuned is None:
+        return default
+    return max(tuned, default) if slots_first else tuned
 
 
 def tuned_exchange_bytes() -> dict[str, int]:
@@ -246,15 +256,17 @@ class ShmTransport(Transport):
         self.active_out: set[int] = set()
         self.active_in: set[int] = set()
         self.rendezvous_bytes = rendezvous_bytes(self.chunk, self.slots) if self.cma else 1 << 62
-        self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size)
-                                          if self.cma else 1 << 62)
-        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True)
-                                                 if self.cma else 1 << 62)
         # whether a kind of call may go by cross-memory attach throughout, when that has been faster
         # than the thresholds lately (`begin_call`): with COLLS_SHM_ADAPTIVE=1, where every rank has
         # a core (a pull needs its receiver to run)
         self.adapting = (self.cma and size <= len(os.sched_getaffinity(0))
                          and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1")
+        self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size,
+                                                                    slots_first=self.adapting)
+                                          if self.cma else 1 << 62)
+        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True,
+                                                                           slots_first=self.adapting)
+                                                 if self.cma else 1 << 62)
         self.adaptive = ProtocolChoice()
         self.call_kinds: dict = {}      # key -> its byte in rank 0's table, in order of first call
         # this call sends every message from this size by cross-memory attach (`begin_call`; else never)
