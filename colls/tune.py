@@ -36,12 +36,21 @@ from algorithms.cost import Machine
 from algorithms.ops import SUM
 from transports.base import Backoff
 
+from .bench.cases import fresh_array
 from .bench.machine import CoreLink
 from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_tuned
 
 MODE_FIELDS = ("round_trip_ns", "exchange_us")   # `CoreLink.mode`, in its order
+
+
+def ones(count: int, dtype=np.uint8, value: int = 1) -> np.ndarray:
+    """A buffer of `count` elements filled with `value`, in memory of its own as `colls bench`'s are
+    (`colls.bench.cases.fresh_array`), whatever the profile freed before."""
+    buffer = fresh_array(count, dtype)
+    buffer.fill(value)
+    return buffer
 
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
@@ -100,7 +109,7 @@ def slowest(comm: Communicator, times: list[float]) -> list[float]:
 def pair_one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
     """Median one-way time of an `nbytes` ping-pong between ranks 2k and 2k+1, every pair at once;
     the slowest pair's per round."""
-    buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
+    buf = ones(nbytes)   # written: untouched zeros are one shared zero page, always in cache
     channel = comm.channel("colls tune pairs", timeout=120)
     partner = comm.rank ^ 1
     times = []
@@ -133,7 +142,7 @@ def after_barrier_times(pair: Communicator, nbytes: int, rounds: int, written: b
     """`after_barrier_seconds`, and from the same rounds the sender's own median: how long posting
     the send and waiting for it kept rank 0 busy (below the rendezvous size, the copy into the FIFO
     is the sender's own work: the shm transport makes it in `isend`)."""
-    buf = np.ones(nbytes, np.uint8)   # written: untouched zeros are one shared zero page, always in cache
+    buf = ones(nbytes)   # written: untouched zeros are one shared zero page, always in cache
     channel = pair.channel("colls tune after barrier", timeout=120)
     fence = pair if fence is None else fence
     times = []
@@ -166,10 +175,10 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
     the barrier (as all_to_all's local block before its exchange: an exchange right after a big
     memory operation was slower than after a barrier, whatever the copy touched); `fence`: as
     `after_barrier_seconds`."""
-    buf, incoming = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
-    source, target = (np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)) if after_copy else (buf, buf)
+    buf, incoming = ones(nbytes), ones(nbytes)
+    source, target = (ones(nbytes), ones(nbytes, value=0)) if after_copy else (buf, buf)
     channel = pair.channel("colls tune exchange", timeout=120)
-    own = np.ones(nbytes // 4, np.float32) if reduce == "source" else None
+    own = ones(nbytes // 4, np.float32) if reduce == "source" else None
     reducer = SUM.into_right
     fence = pair if fence is None else fence
     times = []
@@ -330,8 +339,8 @@ def work_seconds_per_byte(comm: Communicator, kind: str, nbytes: int, workers: i
     """Seconds per byte of an in-place float32 sum (`kind` "reduce") or a copy ("copy") of `nbytes`,
     the first `workers` ranks (default every rank) at once after a barrier (the slowest one's,
     median over rounds)."""
-    a = np.ones(max(1, nbytes // 4), np.float32)
-    b = np.ones_like(a)
+    a = ones(max(1, nbytes // 4), np.float32)
+    b = ones(a.size, np.float32)
     rounds = max(5, min(200, (64 << 20) // max(nbytes, 1) * 5))
     times = []
     for _ in range(rounds):
@@ -646,9 +655,6 @@ def main() -> int:
     """Worker entry point: measure on this job's ranks; rank 0 saves and prints."""
     import colls
 
-    from .bench.machine import fixed_mmap_threshold
-
-    fixed_mmap_threshold()   # every measurement's buffers fresh mappings, whatever ran before
     comm = colls.init()
     if "--profile" in sys.argv:
         path = sys.argv[sys.argv.index("--profile") + 1]

@@ -88,43 +88,30 @@ def test_check_is_exact_and_catches_one_wrong_element(op):
     assert count_wrong(expected, reduced_pattern(op, ranks, dtype)) == 1
 
 
-MAPPED_AFTER_A_FREE = """
-import ctypes, sys
-import numpy as np
-from colls.bench.machine import fixed_mmap_threshold
-
-class Info(ctypes.Structure):   # glibc's struct mallinfo2
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                                      "usmblks", "fsmblks", "uordblks", "fordblks",
-                                                      "keepcost")]
-
-libc = ctypes.CDLL(None)
-if not hasattr(libc, "mallinfo2"):
-    print("no mallinfo2"); sys.exit(0)
-libc.mallinfo2.restype = Info
-if sys.argv[1] == "fixed":
-    assert fixed_mmap_threshold()
-big = np.ones(24 << 20, np.uint8)
-del big                                      # glibc raises its threshold past 24 MiB, unless fixed
-before = libc.mallinfo2().hblkhd
-buffer = np.ones(16 << 20, np.uint8)
-print(libc.mallinfo2().hblkhd - before)      # bytes malloc mapped for it
-"""
-
-
 @pytest.mark.timeout(30)
-def test_the_bench_keeps_every_big_buffer_a_fresh_mapping_whatever_was_freed_before():
-    def mapped(how: str) -> str:
-        result = subprocess.run([sys.executable, "-c", MAPPED_AFTER_A_FREE, how], capture_output=True,
-                                text=True, timeout=20, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
+def test_a_bench_buffer_is_memory_of_its_own_whatever_was_freed_before():
+    import mmap
 
-    fixed, free = mapped("fixed"), mapped("default")
-    if fixed == "no mallinfo2":
-        pytest.skip("not glibc: no threshold to fix")
-    assert int(fixed) >= 16 << 20   # its own mapping
-    assert int(free) < 16 << 20     # glibc's default: out of the heap, as the bench's later points were
+    from colls.bench.cases import fresh_array
+
+    def mapped(address: int) -> list[str]:   # the mappings that hold `address`
+        with open("/proc/self/maps") as maps:
+            ranges = [[int(bound, 16) for bound in line.split()[0].split("-")] for line in maps]
+        return [(low, high) for low, high in ranges if low <= address < high]
+
+    big = np.ones(24 << 20, np.uint8)
+    del big   # glibc now serves blocks up to 24 MiB from its heap
+    heap = np.empty(16 << 20, np.uint8)
+    buffer = fresh_array(4 << 20, np.float32)   # 16 MiB
+    assert buffer.dtype == np.float32 and buffer.size == 4 << 20 and buffer.flags.writeable
+    address = buffer.ctypes.data
+    assert address % mmap.PAGESIZE == 0 and len(mapped(address)) == 1   # mapped for it: page-aligned
+    buffer.fill(7)
+    assert int(buffer[-1]) == 7
+    del buffer
+    assert mapped(address) == []   # and goes with it
+    assert fresh_array(100, np.int64).size == 100   # small ones are numpy's own
+    del heap
 
 
 @pytest.mark.timeout(10)

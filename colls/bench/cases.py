@@ -8,6 +8,7 @@ compared against the whole buffer through a (rows, PERIOD) view — no full-size
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from .spec import ROOT, element_counts
 
 PERIOD = 13          # prime, so no block size used here lines up with it by accident
 SENTINEL = -3        # written into outputs before a checked call; never an expected value
+MAPPED_FROM_BYTES = 128 << 10   # `fresh_array`: from here, memory mapped for the array alone
+HUGE_FROM_BYTES = 4 << 20       # and from here asking for huge pages, as numpy's own allocator does
 
 _FOLDS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
           "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
@@ -104,13 +107,33 @@ class Case:
         return wrong
 
 
+def fresh_array(count: int, dtype) -> np.ndarray:
+    """An uninitialised array of `count` elements; from 128 KiB in anonymous memory mapped for it
+    alone (unmapped when the array goes), as glibc's malloc gives a process's first big blocks.
+    Once a big block is freed, malloc serves the next ones of that size from its heap instead, so
+    a bench's later points would run on other memory than its first: 2026-12-05, a 2-rank 16 MiB
+    broadcast took 542-578 us as a run's only point, 788-796 us after the all_reduces up to 16 MiB,
+    and one process's 16 MiB copy 839 us after a 24 MiB array was freed against 662 us before.
+    (Holding malloc's threshold instead, with mallopt, made every temporary buffer MPICH allocates
+    inside MPI_Allreduce a fresh mapping too, and its 1-16 MiB calls 2-2.6x slower.)"""
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    if nbytes < MAPPED_FROM_BYTES:
+        return np.empty(count, dtype)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)   # anonymous, as malloc's (huge pages allowed)
+    if nbytes >= HUGE_FROM_BYTES and hasattr(region, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(region, dtype, count)
+
+
 def make_case(collective: str, nbytes: int, op: str, dtype: str, rank: int, ranks: int) -> Case:
-    """Allocate and fill this rank's buffers for `collective` at nccl-tests size `nbytes`."""
+    """Allocate and fill this rank's buffers for `collective` at nccl-tests size `nbytes` (each
+    in memory of its own: `fresh_array`)."""
     dt = np.dtype(dtype)
     count_in, count_out = element_counts(collective, nbytes, ranks, dtype)
-    x = np.empty(count_in, dt)
+    x = fresh_array(count_in, dt)
     fill(x, pattern(op, rank, dt))
-    out = np.empty(count_out, dt)
+    out = fresh_array(count_out, dt)
     out.fill(SENTINEL)   # touch every page now, not inside the first timed call
     return Case(collective, op, dt, rank, ranks, x, out, max(count_in, count_out) * dt.itemsize)
 

@@ -193,24 +193,3 @@ def mode_fields(before: tuple[float | None, float | None], after: tuple[float | 
     return {name: [None if value is None else round(value, 1) for value in (before[i], after[i])]
             for i, name in enumerate(("round_trip_ns", "exchange_us"))}
 
-
-MMAP_THRESHOLD_BYTES = 128 << 10   # glibc's default: from here malloc maps each block on its own
-M_MMAP_THRESHOLD = -3              # mallopt's parameter
-
-
-def fixed_mmap_threshold() -> bool:
-    """Keep glibc's malloc mapping every block of 128 KiB or more on its own, as it does at start
-    (False where this is not glibc). By default glibc raises that threshold to the size of a
-    mapped block once one is freed, so a bench's later buffers come out of the heap, and its
-    numbers depend on what ran before: 2026-12-05, a 2-rank 16 MiB broadcast took 542-578 us as
-    the only point of a run and 788-796 us after the all_reduces up to 16 MiB (580 with the
-    threshold fixed), and one process's 16 MiB copy 839 us after a 24 MiB array was freed, 662
-    with it fixed. Called by `colls bench`'s ranks and `colls tune`, so that every point's and
-    every profile's buffers are fresh mappings whatever ran before."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        return False

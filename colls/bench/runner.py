@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
-from .cases import Case, colls_call, make_case
-from .machine import CoreLink, fixed_mmap_threshold, mode_fields
+from .cases import Case, colls_call, fresh_array, make_case
+from .machine import CoreLink, mode_fields
 from .memcheck import run_memcheck
 from .report import Table
 from .spec import Spec, bus_factor
@@ -149,8 +149,9 @@ def round_order(contenders: list, round_index: int) -> list:
 
 def memcpy_contender(nbytes: int) -> Contender:
     """The roofline: every rank at once copying `nbytes` with np.copyto."""
-    source = np.ones(nbytes, np.uint8)
-    target = np.zeros(nbytes, np.uint8)
+    source, target = fresh_array(nbytes, np.uint8), fresh_array(nbytes, np.uint8)
+    source.fill(1)
+    target.fill(0)
     return Contender("memcpy", Prepared(lambda: np.copyto(target, source), None), None)
 
 
@@ -293,7 +294,6 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    fixed_mmap_threshold()   # every point's buffers fresh mappings, whatever points ran before
     try:
         run(Spec.load(argv[0]), world, MPI)
     except BaseException:
