@@ -37,12 +37,10 @@ from algorithms.ops import SUM
 from transports.base import Backoff
 
 from .bench.cases import fresh_array
-from .bench.machine import CoreLink
+from .bench.machine import MODE_FIELDS, CoreLink
 from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_tuned
-
-MODE_FIELDS = ("round_trip_ns", "exchange_us")   # `CoreLink.mode`, in its order
 
 
 def ones(count: int, dtype=np.uint8, value: int = 1) -> np.ndarray:

@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Hashable
 
 TIMED = 2       # `ProtocolChoice.choose`'s answer has this bit set when the call is to be timed
-TRY = 6         # calls a try of the other way lasts (the first untimed); as many less one before it
+TRY = 6         # calls a try of the other way lasts (the first untimed); timed windows of one fewer around it
 FIRST_TRY = 48  # a key's call on which its first try starts (by default)
 BEFORE, TRIAL, AFTER = range(3)   # the windows of a try's cycle: the way in use, the other, the way in use
 

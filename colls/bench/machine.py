@@ -30,6 +30,7 @@ ROUND_TRIPS = 2000   # ~0.5-1.6 ms a measurement on the reference machine
 EXCHANGE_BYTES = 256 << 10   # what ranks 0 and 1 each write and the other reads (one FIFO slot)
 EXCHANGES = 20       # exchanges a measurement times, after half as many untimed
 SLEEP_S = 2e-4       # how often a rank that waits out a measurement looks whether it is over
+MODE_FIELDS = ("round_trip_ns", "exchange_us")   # what `CoreLink.mode` measures, in its order
 
 
 class CoreLink:
@@ -191,5 +192,4 @@ def mode_fields(before: tuple[float | None, float | None], after: tuple[float | 
     """A record's fields for the modes `CoreLink.mode` measured before and after it: round_trip_ns
     and exchange_us, each [before, after] (None where the peer did not answer)."""
     return {name: [None if value is None else round(value, 1) for value in (before[i], after[i])]
-            for i, name in enumerate(("round_trip_ns", "exchange_us"))}
-
+            for i, name in enumerate(MODE_FIELDS)}

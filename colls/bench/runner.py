@@ -207,8 +207,9 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
 def pin_rank(world) -> tuple[int, ...]:
     """`--pin`: this rank onto the (rank mod C)-th of the C CPUs it may run on; every rank's index.
     With more ranks than CPUs the kernel otherwise deals the ranks out differently from one run to
-    the next (4 ranks on 2 cores, 2026-12-05: a 1 MiB broadcast took 540 us in some launches and
-    950-1000 us in others; with ranks 0 and 1 on one core, 890-1000 us in every launch)."""
+    the next (4 ranks on 2 cores, 2026-12-05, five launches each: a 1 MiB broadcast took ~540 us in
+    some launches and 950-1000 us in others unpinned; 890-1000 us in every launch with ranks 0 and
+    1 on one core; 554-566 us, or 123-126 in the machine's other state, pinned as here)."""
     allowed = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {allowed[world.Get_rank() % len(allowed)]})
     (cpu,) = os.sched_getaffinity(0)   # what the kernel holds this rank to now, as every rank reports
