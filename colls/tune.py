@@ -631,9 +631,9 @@ def tune_exchanges(comm: Communicator) -> dict[str, int] | None:
             if pair is not comm:
                 pair.close()
     plain, reducing = (int(n) for n in comm.broadcast(found, root=0))
-    if "COLLS_SHM_EXCHANGE_CMA_BYTES" not in os.environ:
+    if not os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", "").strip():   # (empty: as if unset)
         transport.exchange_rendezvous_bytes = plain
-    if "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES" not in os.environ:
+    if not os.environ.get("COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES", "").strip():
         transport.reduce_exchange_rendezvous_bytes = reducing
     return {"plain": plain, "reducing": reducing}
 

@@ -181,6 +181,26 @@ def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_ranks_that_fail_at_start_say_why_and_leave_no_mpich_segment(tmp_path):
+    def mpich_segments() -> set[str]:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
+
+    before = mpich_segments()
+    result = colls_bench("-n", "2", "-c", "all_gather", "-b", "1M", "-e", "1M", "--iters", "3",
+                         "--no-baselines", cwd=tmp_path, COLLS_SHM_EXCHANGE_CMA_BYTES="1MiB")
+    assert result.returncode != 0
+    assert "COLLS_SHM_EXCHANGE_CMA_BYTES='1MiB': give the size in bytes, an integer" in result.stderr
+    # every rank called MPI_Abort: MPICH never unlinked its segment, colls bench did
+    assert mpich_segments() - before == set()
+    # set but empty: as if unset
+    empty = colls_bench("-n", "2", "-c", "all_gather", "-b", "1M", "-e", "1M", "--iters", "3",
+                        "--no-baselines", cwd=tmp_path, COLLS_SHM_EXCHANGE_CMA_BYTES="")
+    assert empty.returncode == 0, empty.stdout + empty.stderr
+
+
+@needs_mpi
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_pinned_ranks_share_the_cpus_round_robin_and_record_it(tmp_path):
     cpus = len(os.sched_getaffinity(0))

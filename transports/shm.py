@@ -95,8 +95,12 @@ def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool 
         return fifo
     kind = "reducing" if reducing else "plain"
     variable = "COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES" if reducing else "COLLS_SHM_EXCHANGE_CMA_BYTES"
-    if variable in os.environ:
-        return int(os.environ[variable])
+    given = os.environ.get(variable, "").strip()
+    if given:   # (set but empty: as if unset)
+        try:
+            return int(given)
+        except ValueError:
+            raise ValueError(f"{variable}={given!r}: give the size in bytes, an integer") from None
     tuned = tuned_exchange_bytes().get(kind)
     default = max(fifo, (16 << 20) if reducing else (4 << 20))
     if tuned is None:

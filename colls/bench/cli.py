@@ -144,20 +144,28 @@ def _unmapped(names: set[str]) -> set[str]:
     return names - mapped
 
 
-def _remove_orphaned_mpich_segments(before: set[str]) -> None:
+def _remove_orphaned_mpich_segments(before: set[str], wait_s: float = 3.0) -> None:
     """After an aborted job: MPICH unlinks its segment only in MPI_Finalize, so an MPI_Abort or a
-    killed rank leaves it in /dev/shm. Remove those that appeared during our run and that no live
-    process maps (looked at twice, so that another job's segment caught between its creation and
-    its mapping is left alone)."""
-    orphans = _unmapped(_mpich_segments() - before)
-    if orphans:
+    killed rank leaves it in /dev/shm. Remove those that appeared during our run once no live
+    process maps them on two looks 0.2 s apart (so that another job's segment caught between its
+    creation and its mapping is left alone), looking for up to `wait_s`: mpiexec may return while
+    its aborted ranks still hold theirs (2026-12-05: one look at once and one 0.2 s later left
+    every such segment behind)."""
+    left = _mpich_segments() - before
+    deadline = time.monotonic() + wait_s
+    unmapped_before: set[str] = set()
+    while left:
+        unmapped = _unmapped(left)
+        for name in unmapped & unmapped_before:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+            left.discard(name)
+        unmapped_before = unmapped
+        if not left or time.monotonic() > deadline:
+            break
         time.sleep(0.2)
-        orphans = _unmapped(orphans)
-    for name in orphans:
-        try:
-            os.unlink(os.path.join("/dev/shm", name))
-        except OSError:
-            pass
 
 
 def _die_with_parent() -> None:
