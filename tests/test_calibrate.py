@@ -280,6 +280,17 @@ def test_a_big_plain_message_is_copied_by_both_ranks_as_shm_asks_its_sender_to_h
     assert seconds(plain, 1) == pytest.approx(10e-6 + 2 * copy)   # one core: one share, then the other
     assert seconds(exchange, 1) < 10e-6 + 3 * copy                # two reads, no halves on top
 
+    def both_ways(transport):   # a receive and a send to the same peer posted apart, as `direct`'s
+        peer = 1 - transport.rank
+        receive = transport.irecv(symbolic(n, np.uint8), peer, 0)
+        transport.wait_all([receive, transport.isend(symbolic(n, np.uint8), peer, 0)], float("inf"))
+        return 0
+
+    # no help either (the peer reads my message meanwhile): each rank reads its own, as the exchange,
+    # not its half and its share of the other's on top (each as long as a whole helped message)
+    assert seconds(both_ways, 2) == pytest.approx(seconds(exchange, 2))
+    assert seconds(both_ways, 2) < 10e-6 + 1.5 * copy
+
 
 def test_profiles_combine_by_median_or_fastest(tmp_path):
     def write(name: str, ranks: int, eight_bytes: float) -> str:

@@ -277,6 +277,7 @@ class _Rank:
         self.ports: dict[str, _Port] = {}
         self.unmatched_sends: dict[tuple, deque[_Message]] = {}   # by (group, source, tag)
         self.unmatched_recvs: dict[tuple, deque[_SimRequest]] = {}
+        self.sends_to: dict[int, list[_SimRequest]] = {}   # its sends by world rank, the last not done
         self.result: object = None
         self.finished = False
 
@@ -707,7 +708,9 @@ class SimWorld:
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
             send = message.send
-            if route.helped and recv.reducer is None and recv.helpable:
+            # (shm asks no help of a sender that is reading a message of mine meanwhile)
+            busy = any(not sent.done for sent in recv.owner.sends_to.get(message.sender.rank, ()))
+            if route.helped and recv.reducer is None and recv.helpable and not busy:
                 # its half, and its sender the other: as the profile's message, two copies at once
                 # (a read beside it slows it no more: that is the other rank's copy, priced apart)
                 recv.pulled = (per_byte * route.pull, per_byte * route.pull, send)
@@ -845,6 +848,9 @@ class SimTransport(Transport):
         else:   # the fused step's own copying in
             me.clock = max(me.clock, world.now) + route.send_busy * me.slowdown
         request = _SimRequest("send", peer, tag, buf, me)
+        pending = [sent for sent in me.sends_to.get(receiver.rank, ()) if not sent.done]
+        pending.append(request)
+        me.sends_to[receiver.rank] = pending
         data = None
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
