@@ -54,6 +54,9 @@ class Collectives:
         result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
         if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
             exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
+            if exchanges:   # each made persistent, its copies worked out once (`persistent_exchange`)
+                exchanges = tuple((peer, self._channel.persistent_exchange(x.dtype, x.size, peer, fold))
+                                  for peer, fold in exchanges)
             check.keep_plan(signature, Plan("all_reduce", op, algo, x.shape, x.dtype, self.name, exchanges))
         source = None
         if work is not x:

@@ -122,9 +122,8 @@ class Communicator(Collectives):
                 if exchanges is None:
                     algorithm.run(channel, flat, op)
                 else:   # the algorithm's exchanges, worked out when the plan was made
-                    scratch = None
-                    for peer, fold in exchanges:
-                        scratch = channel.exchange_replace(flat, peer, peer, fold, scratch)
+                    for _, exchange in exchanges:
+                        exchange(flat)
             except BaseException as error:
                 self._broken(plan.description(), error)
                 raise

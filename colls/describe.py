@@ -90,7 +90,9 @@ class Plan:
         self.shape = shape
         self.dtype = dtype
         self.group = group
-        self.exchanges = exchanges   # all_reduce: the algorithm as in-place exchanges, if only that
+        # all_reduce: the algorithm as in-place exchanges, if only that: (partner, its exchange made
+        # persistent, `Channel.persistent_exchange`) per step
+        self.exchanges = exchanges
         self.schedule = schedule     # all_gather, all_to_all: its copy and exchanges, if only that
         self.out_shape = shape if out_shape is None else out_shape
         self.root = root   # broadcast: the root the plan was made for

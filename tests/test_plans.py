@@ -120,6 +120,44 @@ def test_a_plan_runs_recursive_doublings_exchanges_itself_where_they_are_all_it_
     np.testing.assert_allclose(np.frombuffer(results[0][1], np.float32), want, rtol=1e-6)
 
 
+_LATE_CASES = (("sum", np.float64), ("max", np.int8), ("prod", np.int32), ("bxor", np.uint16),
+               ("sum", np.complex64), ("min", np.float16))
+
+
+def _planned_with_late_peers(comm, calls: int) -> tuple[list[bool], int]:
+    """Planned calls of several signatures in turn, one rank or another arriving late to some, so
+    that shm's persistent exchange gives up its short spin and waits the general way; each call's
+    result against numpy's, and how many receives took the general way here."""
+    general = []
+    for name in ("irecv", "irecv_reduce"):   # counted, then passed on unchanged
+        method = getattr(comm.transport, name)
+        setattr(comm.transport, name, lambda *a, _method=method: (general.append(1), _method(*a))[1])
+    rng = np.random.default_rng(7)   # the same draws on every rank
+    ok = []
+    for call in range(calls):
+        op, dtype = _LATE_CASES[call % len(_LATE_CASES)]
+        values = [((np.arange(5) + call + r) % 3 + 1).astype(dtype) for r in range(comm.size)]
+        want = {"sum": np.add, "max": np.maximum, "prod": np.multiply, "bxor": np.bitwise_xor,
+                "min": np.minimum}[op].reduce(values)
+        late = rng.integers(-1, comm.size)   # -1: nobody
+        if comm.rank == late:
+            time.sleep(0.01 + 0.01 * rng.random())
+        got = comm.all_reduce(values[comm.rank], op=op)
+        ok.append(got.dtype == dtype and np.array_equal(got, want))
+    return ok, len(general)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_planned_exchange_gives_numpys_answer_when_its_peer_is_late(size):
+    """A planned small all_reduce moves its messages through the slots with views made once
+    (`ShmTransport.persistent_exchange`); a peer that comes late sends it the general way mid-call."""
+    results = colls.spawn(_planned_with_late_peers, size, transport="shm", args=(60,), timeout=90)
+    for rank, (ok, general) in enumerate(results):
+        assert all(ok), (rank, [call for call, good in enumerate(ok) if not good])
+    assert any(general for _, general in results), "no receive ever waited the general way"
+
+
 def _blocks_every_kind_of_buffer(comm) -> list[bool]:
     """all_gather and all_to_all of one signature, twice each, with each kind of `out`."""
     n = comm.size

@@ -118,6 +118,21 @@ class Transport(ABC):
         self.sendrecv(scratch, dst, buf, src, tag, deadline, reducer)
         return scratch
 
+    def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
+                            reducer: Reducer | None) -> Callable[[np.ndarray, int, float], None]:
+        """`sendrecv_replace(buf, peer, peer, tag, deadline, reducer)` for every buffer of `count`
+        elements of `dtype`, set up once and run on each call as `run(buf, tag, deadline)`:
+        MPI_Send_init and MPI_Recv_init in one, for a planned small all_reduce (`colls.describe.Plan`),
+        whose cost is software. A transport may work out its copies here instead of on every call
+        (shm: views of its slots); by default it keeps one scratch buffer."""
+        scratch = None
+
+        def run(buf: np.ndarray, tag: int, deadline: float) -> None:
+            nonlocal scratch
+            scratch = self.sendrecv_replace(buf, peer, peer, tag, deadline, reducer, scratch)
+
+        return run
+
     def begin_call(self, kind: Hashable) -> None:
         """A blocking collective call of `kind` begins; every rank of the group makes it, in the same
         order. A transport with two ways to move the call's messages may pick one for the whole
@@ -272,6 +287,28 @@ class Channel:
             return self.transport.sendrecv_replace(buf, dst, src, self.tag, self.deadline, reducer, scratch)
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
+                            reducer: Reducer | None = None) -> Callable[[np.ndarray], None]:
+        """`exchange_replace(buf, peer, peer, reducer)` for every buffer of `count` elements of
+        `dtype`, set up once (`Transport.persistent_exchange`): `run(buf)` in this channel's call of
+        the moment, counted and named as `exchange_replace` is."""
+        run = self.transport.persistent_exchange(dtype, count, peer, reducer)
+        nbytes = count * dtype.itemsize
+
+        def exchange(buf: np.ndarray) -> None:
+            traffic = self.traffic
+            if traffic is not None:
+                traffic.messages_sent[peer] += 1
+                traffic.bytes_sent[peer] += nbytes
+                traffic.messages_received[peer] += 1
+                traffic.bytes_received[peer] += nbytes
+            try:
+                run(buf, self.tag, self.deadline)
+            except CollectiveTimeout as error:
+                raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+        return exchange
 
     def _count_exchanged(self, sent: int, dst: int, received: int, src: int) -> None:
         traffic = self.traffic

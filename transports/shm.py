@@ -19,7 +19,7 @@ import platform
 import struct
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -481,6 +481,66 @@ class ShmTransport(Transport):
                                 else self.irecv_reduce(buf, src, tag, reducer))
             self.wait_all([receive], deadline)
         return scratch
+
+    def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
+                            reducer: Reducer | None) -> Callable[[np.ndarray, int, float], None]:
+        """`sendrecv_replace`'s one-slot step with its views of the slots made once: numpy views of
+        `count` `dtype`s at each slot of both FIFOs with `peer`, so that a call copies in and out
+        of them with no view made, no cast and no checks (the plan checked the buffer). Anything
+        the one-slot step would not take goes the general way (`Transport.persistent_exchange`)."""
+        general = super().persistent_exchange(dtype, count, peer, reducer)
+        n = count * dtype.itemsize
+        if not 0 < n <= self.chunk or n >= self.rendezvous_bytes or peer == self.rank or dtype.hasobject:
+            return general
+        chunk, slots, spin = self.chunk, self.slots, Backoff.SPIN_POLLS
+        outbound, inbound = self.outbound[peer], self.inbound[peer]
+        outgoing = [np.frombuffer(outbound.raw, dtype, count, slot * chunk) for slot in range(slots)]
+        incoming = [np.frombuffer(inbound.raw, dtype, count, slot * chunk) for slot in range(slots)]
+        out_ctl, out_hdr, in_ctl, in_hdr = outbound.ctl, outbound.hdr, inbound.ctl, inbound.hdr
+        sends, posted, stashed = self.sends[peer], self.posted[peer], self.stashed[peer]
+        current, sent_head, read_tail = self.current, self.sent_head, self.read_tail
+
+        def run(buf: np.ndarray, tag: int, deadline: float) -> None:
+            head = sent_head[peer]
+            if (sends or posted or stashed or current[peer] is not None or n >= self.attach_from
+                    or head - out_ctl[8] >= slots):
+                return general(buf, tag, deadline)
+            slot = head % slots   # send: as `_send_now`
+            field = slot * HEADER_FIELDS
+            out_hdr[field] = tag
+            out_hdr[field + 1] = n
+            out_hdr[field + 2] = 0
+            out_hdr[field + 3] = n
+            outgoing[slot][...] = buf
+            sent_head[peer] = head + 1
+            out_ctl[0] = head + 1
+            tail = read_tail[peer]   # receive: as `_receive_now`
+            polls = 0
+            while in_ctl[0] <= tail:
+                if self.active_out or self.active_in:
+                    self.progress()
+                polls += 1
+                if polls >= spin:
+                    if polls >= ONE_SLOT_POLLS:
+                        break
+                    os.sched_yield()
+            else:
+                slot = tail % slots
+                field = slot * HEADER_FIELDS
+                if in_hdr[field] == tag and in_hdr[field + 1] == n and in_hdr[field + 3] == n:
+                    if reducer is None:
+                        buf[...] = incoming[slot]
+                    else:
+                        reducer(buf, incoming[slot])
+                    read_tail[peer] = tail + 1
+                    in_ctl[8] = tail + 1
+                    return None
+            # a slow peer, or another message first: the general path's receive sorts it out
+            self.wait_all([self.irecv(buf, peer, tag) if reducer is None
+                           else self.irecv_reduce(buf, peer, tag, reducer)], deadline)
+            return None
+
+        return run
 
     def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
         """Write a message below the rendezvous size to `peer` now if nothing is queued before it
