@@ -15,6 +15,7 @@ from transports.errors import (
     PeerLost,
     TransportError,
 )
+from transports.registered import alloc
 
 from .bootstrap import init
 from .communicator import Communicator
@@ -34,5 +35,5 @@ __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
     "PeerLost",
-    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "explain", "init", "spawn",
+    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "alloc", "explain", "init", "spawn",
 ]

@@ -14,6 +14,7 @@ stores are plain stores, so this transport is for x86-64 only until fences are a
 
 from __future__ import annotations
 
+import mmap
 import os
 import platform
 import struct
@@ -23,7 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from . import cma
+from . import cma, registered
 from .adaptive import TIMED, ProtocolChoice
 from .base import (
     COLLECTIVE_TAG_BASE,
@@ -60,6 +61,13 @@ STEADY_GAP_S = 1e-3          # a call this soon after one of its kind is timed f
 PER_RANK_BUDGET = 16 << 20   # at most this much inbound FIFO per rank unless told otherwise
 LIVENESS_PERIOD_S = 0.2
 RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sender's buffer address
+# a header whose chunk bytes are -2 is a message in registered memory (`transports.registered`):
+# its slot holds the region's id, descriptor, the message's offset in it and the region's bytes
+RENDEZVOUS_MAPPED = -2
+# a send from registered memory goes so from here (below, through the slots: one copy each side,
+# no handshake); `COLLS_SHM_MAPPED=0` turns it off
+MAPPED_BYTES = int(os.environ.get("COLLS_SHM_MAPPED_BYTES", str(256 << 10)))
+MAPPED_CACHE = 8             # peers' regions a rank keeps mapped, per peer (the least recent goes)
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
@@ -147,7 +155,7 @@ def fifo_geometry(size: int) -> tuple[int, int]:
 class _Fifo:
     """Views of one FIFO (one sender, one receiver) inside a segment."""
 
-    __slots__ = ("control", "headers", "data", "ctl", "hdr", "raw")
+    __slots__ = ("control", "headers", "data", "ctl", "hdr", "raw", "words")
 
     def __init__(self, segment: np.ndarray, offset: int, chunk: int, slots: int) -> None:
         self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)   # [0] head [8] tail ...
@@ -161,6 +169,7 @@ class _Fifo:
         self.ctl = memoryview(self.control)
         self.hdr = memoryview(self.headers.reshape(-1))
         self.raw = memoryview(self.data.reshape(-1))
+        self.words = self.raw.cast("q")   # the slots as int64s: a registered message's region
 
 
 def _fifo_bytes(chunk: int, slots: int) -> int:
@@ -169,15 +178,19 @@ def _fifo_bytes(chunk: int, slots: int) -> int:
 
 
 class _Out(Request):
-    __slots__ = ("data", "pos", "started", "ack", "rendezvous")
+    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region")
 
-    def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool) -> None:
+    def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool,
+                 region: registered.Region | None = None) -> None:
         super().__init__("send", peer, tag, buf.nbytes)
         self.data = buf.view(np.uint8)
         self.pos = 0
         self.started = False
         self.ack = 0          # for a rendezvous send: the peer's ack count that completes it
-        self.rendezvous = rendezvous   # its receiver reads it out of this process (cross-memory attach)
+        # its receiver reads it out of this process: by cross-memory attach, or out of its mapping
+        # of `region` (registered memory)
+        self.rendezvous = rendezvous or region is not None
+        self.region = region
 
 
 class _In(Request):
@@ -225,22 +238,28 @@ class ShmTransport(Transport):
             # Everyone learns everyone's segment name and pid, maps them, and says so; only then
             # does each owner unlink its own, so that a crash from here on leaks nothing.
             probe = np.array([os.getpid()], np.int64)   # read by peers to test cross-memory attach
-            mine = (struct.pack("<qqq", os.getpid(), fifo_bytes, probe.ctypes.data)
+            probe_region = _probe_region()              # and mapped, to test registered memory
+            probe_fd = -1 if probe_region is None else registered.region_of(probe_region.ctypes.data, 8).fd
+            mine = (struct.pack("<qqqq", os.getpid(), fifo_bytes, probe.ctypes.data, probe_fd)
                     + self.segment.name.encode())
             table = exchange(mine)
-            self.pids = [struct.unpack("<qqq", entry[:24])[0] for entry in table]
-            readable = True
+            self.pids = [struct.unpack("<qqqq", entry[:32])[0] for entry in table]
+            readable = mappable = True
             for peer, entry in enumerate(table):
-                pid, peer_fifo_bytes, probe_address = struct.unpack("<qqq", entry[:24])
+                pid, peer_fifo_bytes, probe_address, peer_probe_fd = struct.unpack("<qqqq", entry[:32])
                 if peer_fifo_bytes != fifo_bytes:
                     raise TransportError(f"rank {peer} uses another FIFO geometry; set COLLS_SHM_* alike")
-                name = entry[24:].decode()
+                name = entry[32:].decode()
                 self.peers.append(self.segment if peer == rank
                                   else Segment.attach(name, HEADER_PAGE + fifo_bytes * size))
                 readable = readable and (peer == rank or cma.probe(pid, probe_address, pid))
-            # big messages go by cross-memory attach only if every rank can read every peer
-            verdicts = exchange(b"mapped" + bytes([readable]))
-            self.cma = size > 1 and all(entry[-1] == 1 for entry in verdicts)
+                mappable = mappable and (peer == rank or _probe_mapping(pid, peer_probe_fd))
+            # big messages go by cross-memory attach only if every rank can read every peer, and
+            # those in registered memory by mapping only if every rank can map every peer's
+            verdicts = exchange(b"mapped" + bytes([readable, mappable]))
+            self.cma = size > 1 and all(entry[-2] == 1 for entry in verdicts)
+            self.mappable = size > 1 and all(entry[-1] == 1 for entry in verdicts)
+            del probe_region   # every peer has probed it: the verdicts came after
         finally:
             self.segment.unlink()
         # inbound[p]: the FIFO from p in my segment; outbound[p]: the FIFO to p in p's segment
@@ -289,6 +308,8 @@ class ShmTransport(Transport):
         self.helped = [0] * size       # per peer: the ack number of the last message I helped it copy
         self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
+        self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
+        self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
         self.closed = False
 
     # -- the way a kind of call goes -------------------------------------------------------------
@@ -395,7 +416,7 @@ class ShmTransport(Transport):
         return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
-        request = _Out(peer, tag, buf, rendezvous)
+        request = _Out(peer, tag, buf, rendezvous, self._registered(buf))
         self.sends[peer].append(request)
         self.active_out.add(peer)
         self._push(peer)  # start right away: the first chunks go out before anyone waits
@@ -542,11 +563,20 @@ class ShmTransport(Transport):
 
         return run
 
+    def _registered(self, buf: np.ndarray) -> registered.Region | None:
+        """The registered region `buf` lies in, if it is big enough to go so and peers can map it."""
+        n = buf.nbytes
+        if n < MAPPED_BYTES or not self.mappable:
+            return None
+        return registered.region_of(cma.address_of(buf), n)
+
     def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
         """Write a message below the rendezvous size to `peer` now if nothing is queued before it
-        and the slots it takes are free (`_send_pieces_now` beyond one slot)."""
+        and the slots it takes are free (`_send_pieces_now` beyond one slot); one in registered
+        memory goes by its region instead."""
         n = buf.nbytes
-        if self.sends[peer] or n >= self.rendezvous_bytes or n >= self.attach_from:
+        if (self.sends[peer] or n >= self.rendezvous_bytes or n >= self.attach_from
+                or (n >= MAPPED_BYTES and self._registered(buf) is not None)):
             return False
         if n > self.chunk:
             return self._send_pieces_now(buf, peer, tag)
@@ -683,8 +713,21 @@ class ShmTransport(Transport):
             if send.rendezvous and not send.started:
                 if free <= 0:
                     break
-                fifo.headers[head % slots] = (send.tag, send.nbytes, cma.address_of(send.data),
-                                              RENDEZVOUS_CHUNK)
+                address = cma.address_of(send.data)
+                region, slot = send.region, head % slots
+                hdr, field = fifo.hdr, slot * HEADER_FIELDS
+                hdr[field] = send.tag
+                hdr[field + 1] = send.nbytes
+                hdr[field + 2] = address
+                if region is None:
+                    hdr[field + 3] = RENDEZVOUS_CHUNK
+                else:   # the receiver maps the region (once) and copies out of it
+                    words, at = fifo.words, slot * chunk // 8
+                    words[at] = region.id
+                    words[at + 1] = region.fd
+                    words[at + 2] = address - region.base
+                    words[at + 3] = region.size
+                    hdr[field + 3] = RENDEZVOUS_MAPPED
                 head += 1
                 fifo.control[0] = head
                 send.started = True
@@ -815,6 +858,39 @@ class ShmTransport(Transport):
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"reading its {request.nbytes} B message") from error
 
+    def _read_mapped(self, peer: int, request: _In, words: list[int]) -> None:
+        """Copy (or reduce) a message in `peer`'s registered memory out of my mapping of its region."""
+        region_id, fd, offset, size = words
+        regions = self.peer_regions[peer]
+        view = regions.pop(region_id, None)
+        if view is None:
+            view = self._map_region(peer, fd, size)
+            if len(regions) >= MAPPED_CACHE:
+                del regions[next(iter(regions))]   # the least recently used
+        regions[region_id] = view                  # (re)inserted last: the most recent
+        if not 0 <= offset <= view.shape[0] - request.nbytes:
+            raise TransportError(f"rank {self.rank}: rank {peer} sent {request.nbytes} B at offset {offset} "
+                                 f"of a registered region of {view.shape[0]} B")
+        source = view[offset:offset + request.nbytes]
+        if request.reducer is None:
+            np.copyto(request.data, source)
+        else:
+            dtype = request.buf.dtype
+            request.reducer(request.data.view(dtype), source.view(dtype))
+
+    def _map_region(self, peer: int, fd: int, size: int) -> np.ndarray:
+        try:
+            pidfd = self.pidfds.get(peer)
+            if pidfd is None:
+                pidfd = self.pidfds[peer] = registered.open_pidfd(self.pids[peer])
+            return registered.map_peer(pidfd, fd, size)
+        except OSError as error:
+            if not process_alive(self.pids[peer]):
+                raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} "
+                                       f"was mapping its registered memory") from error
+            raise TransportError(f"rank {self.rank}: cannot map rank {peer}'s registered memory "
+                                 f"(descriptor {fd}, {size} B): {error}") from error
+
     def _read_from(self, peer: int, request: _In, address: int, nbytes: int) -> None:
         if request.reducer is None:
             cma.read(self.pids[peer], address, request.data[:nbytes])
@@ -849,6 +925,12 @@ class ShmTransport(Transport):
                 if self._ask_help(peer, request, offset):
                     break                  # the header stays until the sender's share has landed
                 self._read_rendezvous(peer, request, offset)
+                tail = self._consume_rendezvous(peer, fifo, request, tail)
+                continue
+            if n == RENDEZVOUS_MAPPED and request.pos == 0 and message_bytes == request.nbytes:
+                moved = True
+                at = slot * self.chunk // 8
+                self._read_mapped(peer, request, fifo.words[at:at + 4].tolist())
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
                 continue
             if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
@@ -980,10 +1062,42 @@ class ShmTransport(Transport):
             return
         self.closed = True
         self.inbound = self.outbound = self.abort_words = []
+        self.peer_regions = [{} for _ in range(self.size)]
+        for pidfd in self.pidfds.values():
+            os.close(pidfd)
+        self.pidfds = {}
         for segment in self.peers:
             if segment is not self.segment:
                 segment.close()
         self.segment.close()
+
+
+def _probe_region() -> np.ndarray | None:
+    """A registered int64 holding my pid, for peers to map (`_probe_mapping`); None if registered
+    memory cannot be made here or is turned off (COLLS_SHM_MAPPED=0)."""
+    if os.environ.get("COLLS_SHM_MAPPED", "1") == "0":
+        return None
+    try:
+        probe = registered.alloc(1, np.int64)
+    except TransportError:
+        return None
+    probe[0] = os.getpid()
+    return probe
+
+
+def _probe_mapping(pid: int, fd: int) -> bool:
+    """Whether this process can map process `pid`'s registered memory (its probe at `fd`)."""
+    if fd < 0 or os.environ.get("COLLS_SHM_MAPPED", "1") == "0":
+        return False
+    try:
+        pidfd = registered.open_pidfd(pid)
+        try:
+            view = registered.map_peer(pidfd, fd, mmap.PAGESIZE)
+        finally:
+            os.close(pidfd)
+        return int(view[:8].view(np.int64)[0]) == pid
+    except (OSError, AttributeError, ValueError):
+        return False
 
 
 def chunk_mismatch(rank: int, peer: int, request: Request, header: tuple[int, int, int, int]
