@@ -220,6 +220,21 @@ def test_pinned_ranks_share_the_cpus_round_robin_and_record_it(tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
+@pytest.mark.timeout(90)
+def test_registered_buffers_for_colls_beside_mpis_own(tmp_path):
+    result = colls_bench("-n", "3", "-c", "all", "-b", "1M", "-e", "1M", "-w", "1", "--iters", "3",
+                         "--baselines", "mpi", "--registered", "--json", "out.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "# --registered: colls' buffers in registered memory" in result.stdout
+    records = json.loads((tmp_path / "out.json").read_text())["records"]
+    assert len(records) == 6
+    for record in records:
+        assert record["registered"] is True and record["wrong"] == 0, record
+        assert record["baselines"]["mpi"]["wrong"] == 0, record
+
+
+@needs_mpi
+@pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_a_planted_bug_shows_in_wrong_and_the_exit_status(tmp_path):
     result = colls_bench("-n", "3", "-c", "reduce", "--algorithm", "binomial", "-b", "1K", "-e", "1K",

@@ -126,16 +126,25 @@ def fresh_array(count: int, dtype) -> np.ndarray:
     return np.frombuffer(region, dtype, count)
 
 
-def make_case(collective: str, nbytes: int, op: str, dtype: str, rank: int, ranks: int) -> Case:
+def make_case(collective: str, nbytes: int, op: str, dtype: str, rank: int, ranks: int,
+              registered: bool = False) -> Case:
     """Allocate and fill this rank's buffers for `collective` at nccl-tests size `nbytes` (each
-    in memory of its own: `fresh_array`)."""
+    in memory of its own: `fresh_array`, or `colls.alloc`'s registered memory)."""
     dt = np.dtype(dtype)
     count_in, count_out = element_counts(collective, nbytes, ranks, dtype)
-    x = fresh_array(count_in, dt)
+    allocate = registered_array if registered else fresh_array
+    x = allocate(count_in, dt)
     fill(x, pattern(op, rank, dt))
-    out = fresh_array(count_out, dt)
+    out = allocate(count_out, dt)
     out.fill(SENTINEL)   # touch every page now, not inside the first timed call
     return Case(collective, op, dt, rank, ranks, x, out, max(count_in, count_out) * dt.itemsize)
+
+
+def registered_array(count: int, dtype: np.dtype) -> np.ndarray:
+    """`count` elements of `dtype` in registered memory (`colls.alloc`)."""
+    from transports.registered import alloc
+
+    return alloc(count, dtype)
 
 
 def colls_call(comm, case: Case, algorithm: str | None) -> tuple[Callable[[], object], np.ndarray | None]:

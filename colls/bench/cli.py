@@ -79,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "more ranks than CPUs every run shares the cores out alike (recorded as "
                              "each point's placement; unpinned, the kernel's sharing varies from run "
                              "to run)")
+    parser.add_argument("--registered", action="store_true",
+                        help="give colls its buffers in registered memory (colls.alloc: peers copy big "
+                             "messages straight out of them); MPI and Gloo keep buffers of their own, "
+                             "mapped as without the option, which suit them best")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="kill the ranks after this long and exit 124")
 
@@ -111,7 +115,7 @@ def build_spec(args: argparse.Namespace) -> Spec:
                 sizes=tuple(size_steps(low, high, args.stepfactor)), dtype=args.dtype, op=args.op,
                 algorithm=algorithm, warmup=args.warmup, iters=args.iters, budget_s=args.budget,
                 baselines=baselines, memcheck=args.memcheck,
-                memcheck_calls=args.memcheck_calls, pin=args.pin)
+                memcheck_calls=args.memcheck_calls, pin=args.pin, registered=args.registered)
 
 
 def _child_environment(job: str) -> dict[str, str]:

@@ -59,6 +59,9 @@ class Table:
         if self.placement:
             print("# pinned: rank r on CPU index " + ", ".join(f"{rank}->{cpu}" for rank, cpu in
                                                           enumerate(self.placement)))
+        if spec.registered:
+            print("# --registered: colls' buffers in registered memory (colls.alloc); the baselines' "
+                  "buffers are their own, mapped as without it")
         print("# copy GB/s: np.copyto of the same bytes on every rank at once (the memory roofline)")
         print(flush=True)
 

@@ -171,10 +171,13 @@ def start_baselines(world, spec: Spec) -> tuple[list, dict[str, str]]:
 
 
 def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
-              rooflines: dict[int, dict], link: CoreLink | None = None) -> dict:
-    """colls, each baseline and (once per size) memcpy on the same buffers: one record."""
+              rooflines: dict[int, dict], link: CoreLink | None = None,
+              registered: Case | None = None) -> dict:
+    """colls, each baseline and (once per size) memcpy on the same buffers: one record. With
+    `registered` (`--registered`), colls runs on that case's buffers, in registered memory, instead."""
     factor = bus_factor(case.collective, case.ranks)
-    contenders = [Contender("colls", colls.prepare(case), case)]
+    mine = case if registered is None else registered   # `--registered`: colls' own buffers
+    contenders = [Contender("colls", colls.prepare(mine), mine)]
     absent = {}
     for baseline in baselines:
         reason = baseline.unsupported(case)
@@ -198,6 +201,7 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
         theirs["ratio"] = theirs["time_median_s"] / mine["time_median_s"] if mine["time_median_s"] else 0.0
     return {"collective": case.collective, "implementation": "colls", "transport": spec.transport,
             "algorithm": colls.algorithm_for(case), "ranks": case.ranks, "dtype": spec.dtype, "op": spec.op,
+            "registered": spec.registered,
             "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
             "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes],
             # the machine's mode around the point (rank 0's; `colls.bench.machine`), when measurable
@@ -231,10 +235,12 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
             if case.nbytes in done:   # small sizes that round to the same buffer
                 continue
             done.add(case.nbytes)
-            record = run_point(world, colls, baselines, case, spec, rooflines, link)
+            registered = (make_case(collective, size, spec.op, spec.dtype, rank, ranks, registered=True)
+                          if spec.registered else None)
+            record = run_point(world, colls, baselines, case, spec, rooflines, link, registered)
             if placement is not None:
                 record["placement"] = list(placement)   # what `colls plan calibrate` simulates
-            del case   # free this size's buffers before the next size allocates
+            del case, registered   # free this size's buffers before the next size allocates
             if table is not None:
                 table.row(record)
             emit(record)

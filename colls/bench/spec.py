@@ -100,6 +100,7 @@ class Spec:
     memcheck: bool = False
     memcheck_calls: int = 1000
     pin: bool = False                     # each rank on one CPU of its own, round robin (`pin_rank`)
+    registered: bool = False              # colls' buffers in registered memory (`colls.alloc`)
     records_path: str = ""
 
     def save(self, path: str) -> None:
