@@ -173,6 +173,16 @@ def test_planted_fault_on_shm_processes() -> None:
     assert failure["steps"] <= MAX_SHRUNK_STEPS
 
 
+@pytest.mark.timeout(120)
+def test_registered_buffers_on_shm_processes_pass() -> None:
+    # every message of 64 B or more from a registered buffer goes mapped: the fuzzer's small ones too
+    result = colls_fuzz("--transport", "shm", "--ranks", "2-5", "--programs", str(MAX_PROGRAMS),
+                        "--seed", "11", "--max-bytes", "65536", "--registered", "--quiet", *KNOWN_BUGS,
+                        COLLS_SHM_MAPPED_BYTES="64")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 failing programs" in result.stdout
+
+
 @pytest.mark.timeout(60)
 def test_a_crash_names_the_rank_and_the_step() -> None:
     # block_boundary makes the ring all-gather copy a block into a slot one element short: ValueError

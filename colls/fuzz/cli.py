@@ -10,6 +10,7 @@ import sys
 
 from algorithms import CATALOGUE, faults
 
+from .execute import REGISTERED_VARIABLE
 from .program import COLLECTIVES, MAX_BYTES, MODES, Program, Space
 
 EXIT_FAILED = 1
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"largest buffer per rank in bytes (default {MAX_BYTES >> 20} MiB)")
     parser.add_argument("--skip", action="append", default=[], metavar="COLLECTIVE:MODE",
                         help="never draw this output mode (new, out, inplace) for this collective")
+    parser.add_argument("--registered", action="store_true",
+                        help="every call's buffers in registered memory (colls.alloc); with "
+                             "COLLS_SHM_MAPPED_BYTES small, shm moves the fuzzer's small messages mapped")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -102,12 +106,15 @@ def _argv(args: argparse.Namespace) -> list[str]:
             argv += [f"--{name}", *getattr(args, name)]
     for pair in args.skip:
         argv += ["--skip", pair]
-    return argv + (["--quiet"] if args.quiet else [])
+    return argv + (["--quiet"] if args.quiet else []) + (["--registered"] if args.registered else [])
 
 
 def replay_command(transport: str, program: Program) -> str:
     """The command line that reruns `program` exactly."""
     prefix = f"COLLS_FAULTS={','.join(sorted(faults.ACTIVE))} " if faults.ACTIVE else ""
+    if os.environ.get(REGISTERED_VARIABLE) == "1":
+        names = (REGISTERED_VARIABLE, "COLLS_SHM_MAPPED_BYTES")
+        prefix += " ".join(f"{name}={os.environ[name]}" for name in names if name in os.environ) + " "
     launch = f"mpiexec -n {program.size} " if transport == "mpi" else ""
     return f"{prefix}{launch}colls fuzz --transport {transport} --replay {program.token()}"
 
@@ -117,6 +124,8 @@ def fuzz_command(args: argparse.Namespace) -> int:
     from ..bootstrap import under_mpiexec
 
     transport = args.transport or ("mpi" if under_mpiexec() else "local")
+    if args.registered:   # read by every rank's executor (forked, or started by mpiexec with it)
+        os.environ[REGISTERED_VARIABLE] = "1"
     world = None
     if transport == "mpi" and under_mpiexec():
         from .groups import MpiGroup

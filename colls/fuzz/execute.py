@@ -8,6 +8,7 @@ Every call's timeout is what is left of the program's deadline, so a hang become
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any
@@ -20,6 +21,18 @@ from transports.errors import CollectiveTimeout, CommunicatorAborted, PeerLost
 from ..communicator import Communicator
 from .oracle import OPS, call_problem, digest, expected, inputs, same_everywhere, send_counts, sentinel_like
 from .program import INVALID, Program, Step, split_colors, split_groups
+
+REGISTERED_VARIABLE = "COLLS_FUZZ_REGISTERED"   # `colls fuzz --registered`: "1" puts buffers in colls.alloc's
+
+
+def own(array: np.ndarray) -> np.ndarray:
+    """A copy of `array` for a call to use: in registered memory under `colls fuzz --registered`."""
+    if os.environ.get(REGISTERED_VARIABLE) != "1":
+        return array.copy()
+    copy = colls.alloc(array.shape, array.dtype)
+    copy[...] = array
+    return copy
+
 
 MAX_FAILURES = 8   # per rank and program: the first ones say it all
 
@@ -170,13 +183,13 @@ class RankRun:
         root = step.root % comm.size
         counts = send_counts(seed, index, xs) if kind == "all_to_all_v" else None
         want = expected(kind, xs, rank, step.op, root, counts)
-        x = xs[rank].copy()
+        x = own(xs[rank])
         out = None
         if step.mode == "out" and want is not None:
-            out = sentinel_like(want)
+            out = own(sentinel_like(want))
         elif step.mode == "inplace":
             if kind == "broadcast" and rank != root:
-                x = sentinel_like(x)   # a receiver's bytes must all be replaced
+                x = own(sentinel_like(x))   # a receiver's bytes must all be replaced
             out = x
         op = OPS[step.op] if step.op else None
         if kind in ("all_reduce", "reduce_scatter"):
@@ -213,7 +226,7 @@ class RankRun:
         shift = 1 + (step.root - 1) % (size - 1)
         dst, src = (rank + shift) % size, (rank - shift) % size
         xs = inputs(self.program.seed, index, size, "p2p", step.rows, step.dtype, step.tail)
-        x, buf = xs[rank].copy(), sentinel_like(xs[src])
+        x, buf = own(xs[rank]), own(sentinel_like(xs[src]))
         timeout = self.remaining(index)
 
         def send(async_op: bool) -> Any:
