@@ -29,12 +29,15 @@ from .errors import InvalidArgument, TransportError
 
 _SYS_PIDFD_GETFD = 438   # x86-64 and most others; the shm transport is x86-64 only
 _PAGE = mmap.PAGESIZE
+_MADV_HUGEPAGE = 14
+_HUGE_FROM = 4 << 20   # as numpy asks for huge pages from 4 MiB
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                        ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.syscall.restype = ctypes.c_long
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
@@ -98,6 +101,8 @@ def alloc(shape: int | Sequence[int], dtype=np.float64) -> np.ndarray:
     except OSError as error:
         os.close(fd)
         raise TransportError(f"alloc: could not map {size} B of registered memory: {error}") from error
+    if size >= _HUGE_FROM:   # huge pages where the kernel gives them to shared memory (shmem_enabled)
+        _libc.madvise(base, size, _MADV_HUGEPAGE)
     region = Region(next(_ids), fd, base, size)
     with _lock:
         at = bisect.bisect_left(_bases, base)

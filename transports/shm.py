@@ -64,9 +64,11 @@ RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sen
 # a header whose chunk bytes are -2 is a message in registered memory (`transports.registered`):
 # its slot holds the region's id, descriptor, the message's offset in it and the region's bytes
 RENDEZVOUS_MAPPED = -2
-# a send from registered memory goes so from here (below, through the slots: one copy each side,
-# no handshake); `COLLS_SHM_MAPPED=0` turns it off
-MAPPED_BYTES = int(os.environ.get("COLLS_SHM_MAPPED_BYTES", str(256 << 10)))
+# a send from registered memory goes so from here; below, through the slots (one copy each side, no
+# handshake). 2026-12-05, a 2-rank exchange, slots / mapped: 128 KiB 16.7 / 18.2 us and 512 KiB 38.1
+# / 31.2 in the machine's fast state, 128 KiB 53.1 / 20.4 and 512 KiB 257.2 / 30.9 in its slow one
+# (`transports.registered`); `COLLS_SHM_MAPPED=0` turns it off
+MAPPED_BYTES = int(os.environ.get("COLLS_SHM_MAPPED_BYTES", str(128 << 10)))
 MAPPED_CACHE = 8             # peers' regions a rank keeps mapped, per peer (the least recent goes)
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
