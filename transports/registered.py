@@ -139,11 +139,13 @@ def take_fd(pidfd: int, fd: int) -> int:
     return got
 
 
-def map_peer(pidfd: int, fd: int, size: int) -> np.ndarray:
-    """A read-only uint8 view of the `size` bytes of another process's registered region."""
+def map_peer(pidfd: int, fd: int, size: int, writable: bool = False) -> np.ndarray:
+    """A uint8 view of the `size` bytes of another process's registered region, read-only unless
+    `writable`."""
     local = take_fd(pidfd, fd)
     try:
-        mapping = mmap.mmap(local, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        mapping = mmap.mmap(local, size, mmap.MAP_SHARED,
+                            mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     finally:
         os.close(local)   # the mapping keeps the memory (mmap holds a descriptor of its own)
     return np.frombuffer(mapping, np.uint8)

@@ -43,8 +43,9 @@ from .segment import Segment
 
 # a cache line each: head at byte 0 (the sender's), tail at 64 and rendezvous acks at 128 (the
 # receiver's), a request to help with a rendezvous copy at 192 (the receiver's: the message's ack
-# number, the address to write to, the offset and bytes to write) and the help done at 256 (the
-# sender's: the ack number of the last message it helped with)
+# number, the address to write to, the offset and bytes to write, and where the target lies in
+# registered memory: region id, descriptor (-1: not registered), offset, region bytes) and the help
+# done at 256 (the sender's: the ack number of the last message it helped with)
 CONTROL_BYTES = 320
 HELP_ASK, HELP_DONE = 24, 32   # int64 indices of those two lines
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
@@ -312,6 +313,7 @@ class ShmTransport(Transport):
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
         self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
+        self.peer_targets: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # the same, writable
         self.closed = False
 
     # -- the way a kind of call goes -------------------------------------------------------------
@@ -781,22 +783,27 @@ class ShmTransport(Transport):
         """Write the part of a rendezvous send that its receiver asked me for straight into its
         buffer, while it reads the rest: two cores copy one message (a sender waiting for its ack
         has nothing better to do)."""
-        number, address, offset, nbytes = (ctl[HELP_ASK + i] for i in range(4))
+        number, address, offset, nbytes, *target = (ctl[HELP_ASK + i] for i in range(8))
         send = next((s for s in self.awaiting[peer] if s.ack == number), None)
         if send is None or offset < 0 or nbytes <= 0 or offset + nbytes > send.nbytes:
             raise TransportError(f"rank {self.rank}: rank {peer} asked for help with rendezvous message "
                                  f"{number} ({offset}+{nbytes} B), which rank {self.rank} has not sent")
         try:
-            cma.write(self.pids[peer], address, send.data[offset:offset + nbytes])
+            share = send.data[offset:offset + nbytes]
+            if target[1] >= 0:   # its buffer is registered: write through my mapping of its region
+                np.copyto(self._mapped(peer, target, nbytes, writable=True), share)
+            else:
+                cma.write(self.pids[peer], address, share)
         except ProcessLookupError as error:
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"writing its share of a {send.nbytes} B message to it") from error
         self.helped[peer] = number
         ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
 
-    def _ask_help(self, peer: int, request: _In, address: int) -> bool:
+    def _ask_help(self, peer: int, request: _In, address: int, words: list[int] | None = None) -> bool:
         """Have the sender write the second half of a big plain collective message while I read the
-        first; false (read it all myself) where that does not apply. Reductions read it all: the
+        first (by cross-memory attach, or out of my mapping of its region: `words`, a registered
+        message's); false (read it all myself) where that does not apply. Reductions read it all: the
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
         not waiting for the ack. And a sendrecv's receive: its sender is receiving too, and helping
         puts its copy for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
@@ -815,11 +822,21 @@ class ShmTransport(Transport):
         half = nbytes // 2 // 64 * 64
         number = self.acks_given[peer] + 1   # the ack that will complete this message
         ctl = self.inbound[peer].ctl
-        ctl[HELP_ASK + 1] = cma.address_of(request.data[half:])
+        target = cma.address_of(request.data[half:])
+        ctl[HELP_ASK + 1] = target
         ctl[HELP_ASK + 2] = half
         ctl[HELP_ASK + 3] = nbytes - half
+        # my buffer in registered memory: the sender writes its share through a mapping of it
+        region = registered.region_of(target, nbytes - half) if self.mappable else None
+        ctl[HELP_ASK + 4] = 0 if region is None else region.id
+        ctl[HELP_ASK + 5] = -1 if region is None else region.fd
+        ctl[HELP_ASK + 6] = 0 if region is None else target - region.base
+        ctl[HELP_ASK + 7] = 0 if region is None else region.size
         ctl[HELP_ASK] = number               # publish the request last
-        self._read_rendezvous(peer, request, address, half)
+        if words is None:
+            self._read_rendezvous(peer, request, address, half)
+        else:
+            self._read_mapped(peer, request, words, half)
         request.pos = half
         self.helping[peer] = number
         return True
@@ -860,32 +877,41 @@ class ShmTransport(Transport):
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"reading its {request.nbytes} B message") from error
 
-    def _read_mapped(self, peer: int, request: _In, words: list[int]) -> None:
-        """Copy (or reduce) a message in `peer`'s registered memory out of my mapping of its region."""
-        region_id, fd, offset, size = words
-        regions = self.peer_regions[peer]
-        view = regions.pop(region_id, None)
-        if view is None:
-            view = self._map_region(peer, fd, size)
-            if len(regions) >= MAPPED_CACHE:
-                del regions[next(iter(regions))]   # the least recently used
-        regions[region_id] = view                  # (re)inserted last: the most recent
-        if not 0 <= offset <= view.shape[0] - request.nbytes:
-            raise TransportError(f"rank {self.rank}: rank {peer} sent {request.nbytes} B at offset {offset} "
-                                 f"of a registered region of {view.shape[0]} B")
-        source = view[offset:offset + request.nbytes]
-        if request.reducer is None:
+    def _read_mapped(self, peer: int, request: _In, words: list[int], nbytes: int | None = None) -> None:
+        """Copy (or reduce) a message in `peer`'s registered memory (its first `nbytes`: a helped
+        copy's) out of my mapping of its region."""
+        source = self._mapped(peer, words, request.nbytes)
+        if nbytes is not None:
+            np.copyto(request.data[:nbytes], source[:nbytes])
+        elif request.reducer is None:
             np.copyto(request.data, source)
         else:
             dtype = request.buf.dtype
             request.reducer(request.data.view(dtype), source.view(dtype))
 
-    def _map_region(self, peer: int, fd: int, size: int) -> np.ndarray:
+    def _mapped(self, peer: int, words: Sequence[int], nbytes: int, writable: bool = False) -> np.ndarray:
+        """The `nbytes` that `words` (region id, descriptor, offset, region bytes) locate in `peer`'s
+        registered memory, through my mapping of the region: made on first use, kept for the
+        `MAPPED_CACHE` regions of the peer used last (writable ones apart, for a helped copy)."""
+        region_id, fd, offset, size = words
+        regions = (self.peer_targets if writable else self.peer_regions)[peer]
+        view = regions.pop(region_id, None)
+        if view is None:
+            view = self._map_region(peer, fd, size, writable)
+            if len(regions) >= MAPPED_CACHE:
+                del regions[next(iter(regions))]   # the least recently used
+        regions[region_id] = view                  # (re)inserted last: the most recent
+        if not 0 <= offset <= view.shape[0] - nbytes:
+            raise TransportError(f"rank {self.rank}: rank {peer} named {nbytes} B at offset {offset} "
+                                 f"of a registered region of {view.shape[0]} B")
+        return view[offset:offset + nbytes]
+
+    def _map_region(self, peer: int, fd: int, size: int, writable: bool) -> np.ndarray:
         try:
             pidfd = self.pidfds.get(peer)
             if pidfd is None:
                 pidfd = self.pidfds[peer] = registered.open_pidfd(self.pids[peer])
-            return registered.map_peer(pidfd, fd, size)
+            return registered.map_peer(pidfd, fd, size, writable)
         except OSError as error:
             if not process_alive(self.pids[peer]):
                 raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} "
@@ -932,7 +958,10 @@ class ShmTransport(Transport):
             if n == RENDEZVOUS_MAPPED and request.pos == 0 and message_bytes == request.nbytes:
                 moved = True
                 at = slot * self.chunk // 8
-                self._read_mapped(peer, request, fifo.words[at:at + 4].tolist())
+                words = fifo.words[at:at + 4].tolist()
+                if self.cma and self._ask_help(peer, request, offset, words):
+                    break                  # as above
+                self._read_mapped(peer, request, words)
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
                 continue
             if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
@@ -1065,6 +1094,7 @@ class ShmTransport(Transport):
         self.closed = True
         self.inbound = self.outbound = self.abort_words = []
         self.peer_regions = [{} for _ in range(self.size)]
+        self.peer_targets = [{} for _ in range(self.size)]
         for pidfd in self.pidfds.values():
             os.close(pidfd)
         self.pidfds = {}
