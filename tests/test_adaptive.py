@@ -12,6 +12,7 @@ import pytest
 
 import colls
 from transports.adaptive import TIMED, ProtocolChoice
+from transports.base import COLLECTIVE_TAG_BASE
 from transports.shm import CHOICES_OFFSET
 
 KEY = ("all_to_all", "pairwise", 1 << 20)
@@ -272,31 +273,47 @@ def test_calls_after_other_work_are_not_timed(monkeypatch):
 
 
 def _helped_copies(comm, nbytes: int) -> list:
-    """A `direct` all_to_all of `nbytes`, then a broadcast of as much from rank 0: which messages
-    this rank helped its receiver copy (`ShmTransport.helped`, per peer) after each, and whether
-    both results were right."""
+    """Rank 1 sends rank 0 a big collective message that rank 0 takes only 50 ms later, and
+    meanwhile receives one from rank 0: a receive from a peer that my own message to it still waits
+    on. Then a broadcast of as much from rank 0. Which messages this rank helped its receiver copy
+    (`ShmTransport.helped`, per peer) after the exchange and after the broadcast, and whether every
+    result was right."""
     transport = comm.transport
     count = nbytes // 4
-    x = np.arange(count, dtype=np.float32) + 1000 * comm.rank
-    got = comm.all_to_all(x, algorithm="direct")
-    want = np.concatenate([np.arange(count, dtype=np.float32).reshape(comm.size, -1)[comm.rank] + 1000 * peer
-                           for peer in range(comm.size)])
-    after_all_to_all = list(transport.helped)
+    tag = COLLECTIVE_TAG_BASE + 999_999   # a collective's tag: help applies (not to user messages)
+    mine = np.arange(count, dtype=np.float32) + 1000 * comm.rank
+    theirs = np.zeros(count, np.float32)
+    peer = 1 - comm.rank
+    deadline = time.monotonic() + 30
+    if comm.rank == 0:
+        sent = transport.isend(mine, peer, tag)
+        transport.wait_all([sent], deadline)      # rank 1 has read it
+        time.sleep(0.05)
+        transport.wait_all([transport.irecv(theirs, peer, tag)], deadline)
+    else:
+        sent = transport.isend(mine, peer, tag)   # not taken for 50 ms
+        transport.wait_all([transport.irecv(theirs, peer, tag)], deadline)
+        transport.wait_all([sent], deadline)
+    right = bool(np.array_equal(theirs, np.arange(count, dtype=np.float32) + 1000 * peer))
+    after_exchange = list(transport.helped)
     data = np.arange(count, dtype=np.float32) if comm.rank == 0 else np.zeros(count, np.float32)
     comm.broadcast(data, root=0, out=data)
-    right = bool(np.array_equal(got, want)) and bool(np.array_equal(data, np.arange(count, dtype=np.float32)))
-    return [after_all_to_all, list(transport.helped), right, transport.cma]
+    right = right and bool(np.array_equal(data, np.arange(count, dtype=np.float32)))
+    return [after_exchange, list(transport.helped), right, transport.cma]
 
 
 @pytest.mark.timeout(60)
 def test_a_sender_that_is_reading_my_message_is_not_asked_to_help_copy_its_own():
-    # `direct`'s 2 MiB receive and send to the same peer, posted apart: both ranks read at once, and
-    # help would put each one's copy for the other before its own read (110 against 96 us measured);
-    # a broadcast's root sends only, and copies half of each big message
+    # rank 1 receives rank 0's 4 MiB message while its own to rank 0 is still unread: asked to help,
+    # rank 0 would put its copy for rank 1 before its own read of rank 1's (`direct`'s all_to_all
+    # posts its receive and send to one peer apart: 110 against 96 us measured); a broadcast's root
+    # sends only, and copies half of each big message
     ranks = colls.spawn(_helped_copies, 2, transport="shm", args=(4 << 20,), timeout=50)
-    for after_all_to_all, _, right, cma in ranks:
+    for _, _, right, cma in ranks:
         assert right
         if not cma:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-        assert after_all_to_all == [0, 0]
-    assert ranks[0][1][1] > 0 and ranks[1][1] == [0, 0]   # rank 0 helped rank 1 with the broadcast
+    (zero_exchange, zero_end, _, _), (one_exchange, one_end, _, _) = ranks
+    assert zero_exchange == [0, 0]   # rank 1 did not ask rank 0 to help with rank 0's message
+    # (rank 0, its own message read, may ask rank 1 to help with rank 1's: that one is allowed)
+    assert zero_end[1] > zero_exchange[1] and one_end == one_exchange   # the broadcast: 0 helped 1

@@ -63,15 +63,15 @@ class _Owner:
 
     def __del__(self) -> None:
         region = self.region
-        _forget(region)
-        _libc.munmap(region.base, region.size)
         try:
+            _forget(region)
+            _libc.munmap(region.base, region.size)
             os.close(region.fd)
-        except OSError:
+        except Exception:   # at interpreter exit, with this module half torn down: the kernel frees it
             pass
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # reentrant: a region's last view may go (and `_forget` it) in a GC under it
 _bases: list[int] = []          # the registered regions' addresses, sorted
 _regions: list[Region] = []     # in the same order
 _ids = itertools.count(1)
