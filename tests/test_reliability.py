@@ -158,8 +158,14 @@ import numpy as np
 import colls
 
 victim, delay = int(sys.argv[1]), float(sys.argv[2])
+memory = sys.argv[3] if len(sys.argv) > 3 else "plain"
 comm = colls.init(timeout=60)
-x = np.ones(4 << 20, np.float32)                     # 16 MiB: long enough to be killed inside
+if memory == "registered":   # in place: every message goes out of a mapping of the sender's region
+    x = colls.alloc(4 << 20, np.float32)
+    x[:] = 1
+    out = x
+else:
+    x, out = np.ones(4 << 20, np.float32), None      # 16 MiB: long enough to be killed inside
 comm.barrier()
 start = time.monotonic()
 if comm.rank == victim:
@@ -167,7 +173,7 @@ if comm.rank == victim:
     threading.Timer(delay, os.kill, args=(os.getpid(), signal.SIGKILL)).start()
 try:
     while True:
-        comm.all_reduce(x)
+        comm.all_reduce(x, out=out)
 except colls.PeerLost as error:
     killed_at = start + delay
     print(json.dumps({"rank": comm.rank, "peer": error.peer, "after": time.monotonic() - killed_at}))
@@ -179,8 +185,10 @@ def _job_segments(job: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_killed_rank_is_named_by_every_survivor_within_seconds(tmp_path):
-    """KILL_RUNS times: SIGKILL a random rank mid all-reduce; survivors raise PeerLost naming it."""
+@pytest.mark.parametrize("memory", ["plain", "registered"])
+def test_killed_rank_is_named_by_every_survivor_within_seconds(tmp_path, memory):
+    """KILL_RUNS times: SIGKILL a random rank mid all-reduce; survivors raise PeerLost naming it
+    (`registered`: the buffers from `colls.alloc`, read by the peers out of their mappings)."""
     script = tmp_path / "kill.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))
     rng = random.Random(20261202)
@@ -192,7 +200,7 @@ def test_killed_rank_is_named_by_every_survivor_within_seconds(tmp_path):
         rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")
         environments = [dict(os.environ, **job_environment(rank, size, "shm", rendezvous, job))
                         for rank in range(size)]
-        children = [subprocess.Popen([sys.executable, str(script), str(victim), str(delay)], env=env,
+        children = [subprocess.Popen([sys.executable, str(script), str(victim), str(delay), memory], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                     for env in environments]
         outputs = [child.communicate(timeout=60) for child in children]
