@@ -317,3 +317,37 @@ def test_a_sender_that_is_reading_my_message_is_not_asked_to_help_copy_its_own()
     assert zero_exchange == [0, 0]   # rank 1 did not ask rank 0 to help with rank 0's message
     # (rank 0, its own message read, may ask rank 1 to help with rank 1's: that one is allowed)
     assert zero_end[1] > zero_exchange[1] and one_end == one_exchange   # the broadcast: 0 helped 1
+
+
+def _slow_slots(comm, calls: int) -> tuple[bool, int, bool]:
+    """`calls` 1 MiB all_to_alls (512 KiB each way, through the slots by the thresholds), then a
+    256 KiB broadcast: whether every result was right, how many messages went by cross-memory
+    attach, and whether the slots were taken for slow at the end."""
+    transport = comm.transport
+    count = (1 << 20) // 4
+    x = np.arange(count, dtype=np.float32) + 1000 * comm.rank
+    want = np.concatenate([np.arange(count, dtype=np.float32).reshape(comm.size, -1)[comm.rank] + 1000 * peer
+                           for peer in range(comm.size)])
+    right = True
+    for _ in range(calls):
+        right = right and bool(np.array_equal(comm.all_to_all(x, algorithm="pairwise"), want))
+    data = np.arange(count // 4, dtype=np.float32) if comm.rank == 0 else np.zeros(count // 4, np.float32)
+    comm.broadcast(data, root=0, out=data)
+    right = right and bool(np.array_equal(data, np.arange(count // 4, dtype=np.float32)))
+    return right, sum(transport.rendezvous_posted), transport._slots_slow() and transport.cma
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gbps,slow", [("100000", True), ("0", False)])
+def test_slow_copies_into_slots_send_big_messages_by_cross_memory_attach(monkeypatch, gbps, slow):
+    # every copy into a slot "slower" than 100 TB/s: after five of them the rank sends its messages
+    # of 64 KiB or more by cross-memory attach; none slower than 0 B/s: the thresholds throughout
+    monkeypatch.setenv("COLLS_SHM_SLOW_SLOT_GBPS", gbps)
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(8 << 20))   # 512 KiB exchanges: slots
+    for right, attached, slow_now in colls.spawn(_slow_slots, 2, transport="shm", args=(20,), timeout=50):
+        assert right
+        if slow and not slow_now:
+            pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+        assert slow_now == slow
+        # (the first three all_to_alls fill the window of five slow copies; the rest go by attach)
+        assert (attached >= 15) if slow else (attached == 0), attached

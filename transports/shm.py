@@ -71,6 +71,20 @@ RENDEZVOUS_MAPPED = -2
 # (`transports.registered`); `COLLS_SHM_MAPPED=0` turns it off
 MAPPED_BYTES = int(os.environ.get("COLLS_SHM_MAPPED_BYTES", str(128 << 10)))
 MAPPED_CACHE = 8             # peers' regions a rank keeps mapped, per peer (the least recent goes)
+# Slow slots. On a VM whose host sometimes places its two vCPUs far apart, a store to a line the
+# other core holds costs ~26 ns, one after another: writing 1 MiB that the peer had read took 430 us
+# in that state against 54 us otherwise, and 23 us for memory the peer never read (2026-12-05). A
+# FIFO's slots are such memory (the receiver read them last time round); a sender's own buffer,
+# read by the receiver by cross-memory attach, is not. So a rank times its copies of 64 KiB or more
+# into slots; when SLOW_OF of its last SLOW_WINDOW were slower than 8 GB/s (COLLS_SHM_SLOW_SLOT_GBPS;
+# 2.3-2.4 GB/s in the slow state, 35-41 otherwise), it sends its messages of 64 KiB or more by
+# cross-memory attach for SLOW_HOLD_S, then tries the slots again. Reducing exchanges only from
+# SLOW_REDUCE_FROM_BYTES: both ranks then write what the other reads whichever the way (a 2-rank
+# 256 KiB all_reduce in the slow state: 142 us through the slots, ~200 by attach; 1 MiB: 545 / 430)
+SLOW_FROM_BYTES = 64 << 10
+SLOW_REDUCE_FROM_BYTES = 512 << 10
+SLOW_WINDOW, SLOW_OF = 8, 5
+SLOW_HOLD_S = 0.5
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
@@ -312,6 +326,9 @@ class ShmTransport(Transport):
         self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
+        self.slow_until = 0.0   # while time.monotonic() is below it, big messages avoid the slots
+        self.slow_slot_bytes_per_s = float(os.environ.get("COLLS_SHM_SLOW_SLOT_GBPS", "8")) * 1e9
+        self.slot_copies: deque[bool] = deque(maxlen=SLOW_WINDOW)   # whether each was slow, last first
         self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
         self.peer_targets: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # the same, writable
         self.closed = False
@@ -412,12 +429,13 @@ class ShmTransport(Transport):
         """A message below the rendezvous size whose slots are free is written and published at
         once (a request born done); anything else is queued and pushed as slots free up."""
         check_buffer(buf, "shm send")
-        if self._send_now(buf, peer, tag):
-            sent = Request("send", peer, tag, buf.nbytes)
+        n = buf.nbytes
+        slow = n >= SLOW_FROM_BYTES and self._slots_slow()
+        if not slow and self._send_now(buf, peer, tag):
+            sent = Request("send", peer, tag, n)
             sent.done = True
             return sent
-        n = buf.nbytes
-        return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from)
+        return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from or slow)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
         request = _Out(peer, tag, buf, rendezvous, self._registered(buf))
@@ -460,8 +478,9 @@ class ShmTransport(Transport):
         check_buffer(recv_buf, "shm receive")
         n = send_buf.nbytes
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
-        if n >= self.attach_from:
-            rendezvous = True   # this kind of call goes by cross-memory attach (`begin_call`)
+        if n >= self.attach_from or (n >= (SLOW_FROM_BYTES if reducer is None else SLOW_REDUCE_FROM_BYTES)
+                                     and self._slots_slow()):
+            rendezvous = True   # this kind of call goes by cross-memory attach (`begin_call`), or slow slots
         elif reducer is not None:
             rendezvous = n >= self.reduce_exchange_rendezvous_bytes
         else:
@@ -567,6 +586,20 @@ class ShmTransport(Transport):
 
         return run
 
+    def _slots_slow(self) -> bool:
+        """Whether my copies into slots have been slow lately (see SLOW_FROM_BYTES): then my
+        big messages go by cross-memory attach, where peers may read this process."""
+        return self.slow_until > 0.0 and self.cma and time.monotonic() < self.slow_until
+
+    def _timed_slot_copy(self, nbytes: int, seconds: float) -> None:
+        """A copy of `nbytes` into a slot took `seconds`: after enough slow ones, avoid the slots a
+        while (one slow copy is no sign: a rank may lose its core in the middle of any)."""
+        copies = self.slot_copies
+        copies.append(nbytes < seconds * self.slow_slot_bytes_per_s)   # slower than that
+        if len(copies) >= SLOW_OF and sum(copies) >= SLOW_OF:
+            self.slow_until = time.monotonic() + SLOW_HOLD_S
+            copies.clear()   # after the hold, the slots must show it again
+
     def _registered(self, buf: np.ndarray) -> registered.Region | None:
         """The registered region `buf` lies in, if it is big enough to go so and peers can map it."""
         n = buf.nbytes
@@ -596,10 +629,13 @@ class ShmTransport(Transport):
         hdr[field + 3] = n
         if n:
             start = slot * self.chunk
+            began = time.perf_counter() if n >= SLOW_FROM_BYTES else 0.0
             try:
                 fifo.raw[start:start + n] = buf.data.cast("B")   # half the cost of a uint8 view
             except ValueError:                                  # a dtype with no buffer format
                 fifo.raw[start:start + n] = buf.view(np.uint8)
+            if began:
+                self._timed_slot_copy(n, time.perf_counter() - began)
         self.sent_head[peer] = head + 1
         fifo.ctl[0] = head + 1             # publish (x86 keeps the stores above before this one)
         return True
@@ -617,7 +653,10 @@ class ShmTransport(Transport):
             size = min(chunk, n - offset)
             slot = head % slots
             headers[slot] = (tag, n, offset, size)
+            began = time.perf_counter()
             fifo.data[slot, :size] = data[offset:offset + size]
+            if size >= SLOW_FROM_BYTES:
+                self._timed_slot_copy(size, time.perf_counter() - began)
             head += 1
             control[0] = head              # publish each piece at once
         self.sent_head[peer] = head
@@ -747,7 +786,10 @@ class ShmTransport(Transport):
                 slot = head % slots
                 fifo.headers[slot] = (send.tag, send.nbytes, send.pos, n)
                 if n:
+                    began = time.perf_counter()
                     fifo.data[slot, :n] = send.data[send.pos:send.pos + n]
+                    if n >= SLOW_FROM_BYTES:
+                        self._timed_slot_copy(n, time.perf_counter() - began)
                 send.pos += n
                 send.started = True
                 head += 1
