@@ -226,6 +226,13 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
     rank, ranks = world.Get_rank(), world.Get_size()
     rooflines: dict[int, dict] = {}
     link = CoreLink.open(rank, ranks, lambda value: world.bcast(value, root=0), world.Barrier)
+    # a run's first point came out slower than the same point measured again, for every contender
+    # (2-rank 8 B all_reduce, 2026-12-05: 22.6 us as a run's first point, 6.4 for the 16 B point
+    # after it; MPI's 13.7 and 5.5): the first point is run once untimed, for all of them alike
+    if spec.collectives and spec.sizes:
+        warm = make_case(spec.collectives[0], spec.sizes[0], spec.op, spec.dtype, rank, ranks)
+        run_point(world, colls, baselines, warm, spec, {}, None)
+        del warm
     for collective in spec.collectives:
         if table is not None:
             table.start(collective)
