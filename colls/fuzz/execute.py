@@ -25,10 +25,11 @@ from .program import INVALID, Program, Step, split_colors, split_groups
 REGISTERED_VARIABLE = "COLLS_FUZZ_REGISTERED"   # `colls fuzz --registered`: "1" puts buffers in colls.alloc's
 
 
-def own(array: np.ndarray) -> np.ndarray:
-    """A copy of `array` for a call to use: in registered memory under `colls fuzz --registered`."""
+def own(array: np.ndarray, fresh: bool = False) -> np.ndarray:
+    """A copy of `array` for a call to use (`fresh`: `array` itself, made for the call), in
+    registered memory under `colls fuzz --registered`."""
     if os.environ.get(REGISTERED_VARIABLE) != "1":
-        return array.copy()
+        return array if fresh else array.copy()
     copy = colls.alloc(array.shape, array.dtype)
     copy[...] = array
     return copy
@@ -186,10 +187,10 @@ class RankRun:
         x = own(xs[rank])
         out = None
         if step.mode == "out" and want is not None:
-            out = own(sentinel_like(want))
+            out = own(sentinel_like(want), fresh=True)
         elif step.mode == "inplace":
             if kind == "broadcast" and rank != root:
-                x = own(sentinel_like(x))   # a receiver's bytes must all be replaced
+                x = own(sentinel_like(x), fresh=True)   # a receiver's bytes must all be replaced
             out = x
         op = OPS[step.op] if step.op else None
         if kind in ("all_reduce", "reduce_scatter"):
@@ -226,7 +227,7 @@ class RankRun:
         shift = 1 + (step.root - 1) % (size - 1)
         dst, src = (rank + shift) % size, (rank - shift) % size
         xs = inputs(self.program.seed, index, size, "p2p", step.rows, step.dtype, step.tail)
-        x, buf = own(xs[rank]), own(sentinel_like(xs[src]))
+        x, buf = own(xs[rank]), own(sentinel_like(xs[src]), fresh=True)
         timeout = self.remaining(index)
 
         def send(async_op: bool) -> Any:
