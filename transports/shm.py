@@ -431,14 +431,17 @@ class ShmTransport(Transport):
         check_buffer(buf, "shm send")
         n = buf.nbytes
         slow = n >= SLOW_FROM_BYTES and self._slots_slow()
-        if not slow and self._send_now(buf, peer, tag):
+        region = self._registered(buf)   # (looked up once: a registered message goes by its region)
+        if not slow and region is None and self._send_now(buf, peer, tag):
             sent = Request("send", peer, tag, n)
             sent.done = True
             return sent
-        return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from or slow)
+        return self._isend(buf, peer, tag, n >= self.rendezvous_bytes or n >= self.attach_from or slow,
+                           region)
 
-    def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool) -> Request:
-        request = _Out(peer, tag, buf, rendezvous, self._registered(buf))
+    def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
+               region: registered.Region | None = None) -> Request:
+        request = _Out(peer, tag, buf, rendezvous, region)
         self.sends[peer].append(request)
         self.active_out.add(peer)
         self._push(peer)  # start right away: the first chunks go out before anyone waits
@@ -493,10 +496,11 @@ class ShmTransport(Transport):
                 start = cma.address_of(send_buf)
                 low, high = self.last_received
                 rendezvous = not (start < high and low < start + n)
-        if not rendezvous and self._send_now(send_buf, dst, tag):
+        region = self._registered(send_buf)
+        if not rendezvous and region is None and self._send_now(send_buf, dst, tag):
             send = None
         else:
-            send = self._isend(send_buf, dst, tag, rendezvous)
+            send = self._isend(send_buf, dst, tag, rendezvous, region)
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
@@ -517,7 +521,7 @@ class ShmTransport(Transport):
         into: no scratch copy. Anything else goes through a scratch buffer (the base class)."""
         check_buffer(buf, "shm sendrecv")
         # (beyond one slot, the exchange thresholds choose the protocol: `sendrecv`, via scratch)
-        if buf.nbytes > self.chunk or not self._send_now(buf, dst, tag):
+        if buf.nbytes > self.chunk or self._registered(buf) is not None or not self._send_now(buf, dst, tag):
             return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
         taken = self._receive_now(buf, src, tag, reducer)
         if taken is not True:
@@ -609,11 +613,10 @@ class ShmTransport(Transport):
 
     def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
         """Write a message below the rendezvous size to `peer` now if nothing is queued before it
-        and the slots it takes are free (`_send_pieces_now` beyond one slot); one in registered
-        memory goes by its region instead."""
+        and the slots it takes are free (`_send_pieces_now` beyond one slot). (Callers send one in
+        registered memory by its region instead: `_registered`.)"""
         n = buf.nbytes
-        if (self.sends[peer] or n >= self.rendezvous_bytes or n >= self.attach_from
-                or (n >= MAPPED_BYTES and self._registered(buf) is not None)):
+        if self.sends[peer] or n >= self.rendezvous_bytes or n >= self.attach_from:
             return False
         if n > self.chunk:
             return self._send_pieces_now(buf, peer, tag)
