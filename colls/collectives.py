@@ -113,10 +113,12 @@ class Collectives:
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
-        work = x.copy()   # every rank's buffer is scratch for the tree
-        flat = work.reshape(-1)
+        # every rank's buffer is scratch for the tree: the root's is its result, a fresh copy;
+        # the others' the communicator's scratch, filled in the body
+        work = x.copy() if self.rank == root else None
 
         def body(channel):
+            flat = self._scratch(x) if work is None else work.reshape(-1)
             algo.run(channel, flat, op, root)
             if self.rank != root:
                 return None
@@ -159,16 +161,14 @@ class Collectives:
         op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
-        # most schedules fold partial sums into their input buffer, so they get a copy; one that
-        # only reads it is given `x` itself (unless the output overlaps it)
-        if algo.reads_input_only and not np.shares_memory(x, work):
-            scratch = x.reshape(-1)
-        else:
-            scratch = x.copy().reshape(-1)
+        # most schedules fold partial sums into their input buffer, so they work on a copy (in the
+        # communicator's scratch, made in the body); one that only reads it is given `x` itself
+        # (unless the output overlaps it)
+        reads = x.reshape(-1) if algo.reads_input_only and not np.shares_memory(x, work) else None
 
         def body(channel):
             flat = work.reshape(-1)
-            algo.run(channel, scratch, flat, op)
+            algo.run(channel, self._scratch(x) if reads is None else reads, flat, op)
             op.finish(flat, self.size)
             return _deliver(result, work)
 

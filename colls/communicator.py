@@ -11,8 +11,10 @@ import numpy as np
 
 from algorithms import faults
 from algorithms.blocks import run_block_schedule
+from transports import registered
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
+from transports.shm import MAPPED_BYTES
 
 from . import fingerprint
 from .collectives import Collectives, Result
@@ -61,6 +63,7 @@ class Communicator(Collectives):
         self._traffic: dict[str, Traffic] = {}
         self._tracer = Tracer(name, self.rank)
         self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_aim`
+        self._scratch_bytes: np.ndarray | None = None   # see `_scratch`
         self.closed = False
 
     def __repr__(self) -> str:
@@ -432,10 +435,29 @@ class Communicator(Collectives):
             self._levels.abort(message)
         self.transport.abort(message)
 
+    def _scratch(self, like: np.ndarray) -> np.ndarray:
+        """A flat work buffer of `like`'s dtype and size, for a call's body only (bodies run one at
+        a time, in issue order): kept from call to call and grown to the largest asked for, so a
+        schedule that folds into its input costs a copy but no allocation per call. On a transport
+        whose peers can map registered memory (shm) it is registered (`colls.alloc`): its big
+        messages are read out of a mapping instead of page by page. Device arrays get a fresh copy."""
+        if not isinstance(like, np.ndarray):
+            return like.copy().reshape(-1)
+        held = self._scratch_bytes
+        if held is None or held.nbytes < like.nbytes:
+            held = None
+            if getattr(self.transport, "mappable", False) and like.nbytes >= MAPPED_BYTES:
+                held = registered.alloc((like.nbytes,), np.uint8)
+            self._scratch_bytes = held = np.empty(like.nbytes, np.uint8) if held is None else held
+        flat = held[:like.nbytes].view(like.dtype)
+        np.copyto(flat, like.reshape(-1))
+        return flat
+
     def close(self) -> None:
         """Finish pending work and release the transport (segments, MPI communicators)."""
         if not self.closed:
             self._executor.drain(self.timeout)
+            self._scratch_bytes = None
             self.closed = True
             if self._levels is not None:
                 self._levels.close()

@@ -106,6 +106,7 @@ def _every_collective(comm, which: str) -> tuple[list[str], int]:
     if not np.array_equal(swapped, np.concatenate([values(r, n)[rank * block:(rank + 1) * block]
                                                    for r in range(size)])):
         wrong.append("all_to_all")
+    user = mapped[0]   # reduce_scatter and reduce may send from the communicator's registered scratch
     part = buffer(block)
     comm.reduce_scatter(x[:block * size], out=part)
     if not np.array_equal(part, sum(values(r, n)[:block * size] for r in range(size))[rank * block:][:block]):
@@ -119,6 +120,7 @@ def _every_collective(comm, which: str) -> tuple[list[str], int]:
     total = comm.reduce(x, root=0)
     if rank == 0 and not np.array_equal(total, sum(values(r, n) for r in range(size))):
         wrong.append("reduce")
+    before_p2p = mapped[0]
     if size > 1:   # point to point: a ring of sends
         incoming = buffer(n)
         sent = comm.send(x, (rank + 1) % size, async_op=True)
@@ -126,7 +128,7 @@ def _every_collective(comm, which: str) -> tuple[list[str], int]:
         sent.wait()
         if not np.array_equal(incoming, values((rank - 1) % size, n)):
             wrong.append("sendrecv")
-    return wrong, mapped[0]
+    return wrong, user + mapped[0] - before_p2p
 
 
 @pytest.mark.timeout(120)
@@ -136,8 +138,41 @@ def test_every_collective_gives_numpys_answer_from_registered_memory(size, which
     results = colls.spawn(_every_collective, size, transport="shm", args=(which,), timeout=90)
     for rank, (wrong, _) in enumerate(results):
         assert not wrong, (rank, wrong)
-    mapped = sum(count for _, count in results)
+    mapped = sum(count for _, count in results)   # (of the user's buffers, not colls' scratch)
     assert (mapped > 0) == (which != "none"), mapped
+
+
+def _folding_calls(comm, calls: int) -> tuple[list[str], int, int, bool]:
+    """reduce_scatter by `ring` and reduce by `binomial` (schedules that fold into a copy of their
+    input) on plain 1 MiB arrays, `calls` times: wrong results, mapped receives, how many scratch
+    buffers the communicator made, and whether its scratch is registered."""
+    mapped = _count_mapped(comm)
+    rank, size = comm.rank, comm.size
+    n = BIG // 4 // size * size
+    wrong, made, last = [], 0, None
+    for call in range(calls):
+        inputs = [((np.arange(n) * 5 + r + call) % 13).astype(np.float32) for r in range(size)]
+        part = comm.reduce_scatter(inputs[rank], algorithm="ring")
+        if not np.array_equal(part, sum(inputs).reshape(size, -1)[rank]):
+            wrong.append(f"reduce_scatter {call}")
+        total = comm.reduce(inputs[rank], root=0, algorithm="binomial")
+        if rank == 0 and not np.array_equal(total, sum(inputs)):
+            wrong.append(f"reduce {call}")
+        if comm._scratch_bytes is not last:
+            made, last = made + 1, comm._scratch_bytes
+    region = registered.region_of(last.ctypes.data, last.nbytes)
+    return wrong, mapped[0], made, region is not None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3])
+def test_folding_schedules_work_in_one_registered_scratch_from_call_to_call(size):
+    results = colls.spawn(_folding_calls, size, transport="shm", args=(5,), timeout=90)
+    for rank, (wrong, mapped, made, is_registered) in enumerate(results):
+        assert not wrong, (rank, wrong)
+        assert made == 1, (rank, made)   # made on the first call, kept after
+        assert is_registered, rank
+    assert sum(mapped for _, mapped, _, _ in results) > 0
 
 
 def _churn(comm, regions: int) -> tuple[bool, int]:
