@@ -168,7 +168,7 @@ def _folding_calls(comm, calls: int) -> tuple[list[str], int, int, bool]:
 @pytest.mark.parametrize("size", [2, 3])
 def test_folding_schedules_work_in_one_registered_scratch_from_call_to_call(size):
     results = colls.spawn(_folding_calls, size, transport="shm", args=(5,), timeout=90)
-    for rank, (wrong, mapped, made, is_registered) in enumerate(results):
+    for rank, (wrong, _, made, is_registered) in enumerate(results):
         assert not wrong, (rank, wrong)
         assert made == 1, (rank, made)   # made on the first call, kept after
         assert is_registered, rank
