@@ -17,7 +17,7 @@ from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 from transports.shm import MAPPED_BYTES
 
 from . import fingerprint
-from .collectives import Collectives, Result
+from .collectives import Collectives, Result, apart_from
 from .describe import Description, Plan, Validator
 from .device import is_cupy
 from .executor import Executor, RequestWork
@@ -165,12 +165,15 @@ class Communicator(Collectives):
             work, send = np.empty(plan.out_shape, x.dtype), x
         elif (type(out) is np.ndarray and out.shape == plan.out_shape and out.dtype == x.dtype
               and out.flags.c_contiguous and out.flags.writeable):
-            # blocks are read after others land: an `out` over `x` needs `x` copied first
-            work, send = out, (x.copy() if np.may_share_memory(x, out) else x)
+            # blocks are read after others land: an `out` over `x` needs `x` copied first (into
+            # the scratch, under the lock)
+            work, send = out, apart_from(x, out, self.rank if collective == "all_gather" else None)
         else:
             return None
         channel = self._aim_plan(plan, timeout)
         with self._executor.lock:
+            if send is None:
+                send = self._scratch(x)
             if x.nbytes < CHOOSE_BYTES:
                 self._run_blocks(plan, channel, send, work)
             else:
@@ -435,9 +438,21 @@ class Communicator(Collectives):
             self._levels.abort(message)
         self.transport.abort(message)
 
+    def _source(self, x, given: np.ndarray | None, async_op: bool) -> Callable[[], np.ndarray]:
+        """What a call's body reads as its input, flat: `given` where it is not None, else a copy of
+        `x`, made now for an asynchronous call (its caller may change `x` before the body runs, as
+        before), else in the scratch when the body runs (`_scratch`)."""
+        if given is not None:
+            flat = given.reshape(-1)
+            return lambda: flat
+        if async_op:
+            made = x.copy().reshape(-1)
+            return lambda: made
+        return lambda: self._scratch(x)
+
     def _scratch(self, like: np.ndarray) -> np.ndarray:
-        """A flat work buffer of `like`'s dtype and size, for a call's body only (bodies run one at
-        a time, in issue order): kept from call to call and grown to the largest asked for, so a
+        """A flat work buffer of `like`'s dtype and size, for a blocking call's body only (bodies run
+        one at a time, in issue order): kept from call to call and grown to the largest asked for, so a
         schedule that folds into its input costs a copy but no allocation per call. On a transport
         whose peers can map registered memory (shm) it is registered (`colls.alloc`): its big
         messages are read out of a mapping instead of page by page. Device arrays get a fresh copy."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,55 @@ def test_all_gather_from_a_block_of_out(size, algorithm):
     want = np.array([[r, -r] for r in range(size)])
     for got in colls.spawn(body, size, transport="local"):
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_an_all_gather_from_its_own_block_of_out_copies_nothing(size):
+    """An in-place all_gather (the input is this rank's block of the output) used to copy its input
+    first, as if it could be overwritten: 360 us against MPI's 55 for 1 MiB at 2 ranks. It now
+    reads the block where it lies: the communicator's scratch is never made."""
+
+    def body(comm):
+        out = np.zeros((comm.size, 1000), np.float32)
+        results = []
+        for algorithm in (None, *colls.algorithms("all_gather")):
+            out[comm.rank] = comm.rank + 1
+            comm.all_gather(out[comm.rank], out=out.reshape(-1), algorithm=algorithm)
+            comm.all_gather(out[comm.rank], out=out.reshape(-1))   # the planned path
+            results.append(out.copy())
+        return results, comm._scratch_bytes is None
+
+    want = np.repeat(np.arange(1, size + 1, dtype=np.float32)[:, None], 1000, axis=1)
+    for results, no_scratch in colls.spawn(body, size, transport="local"):
+        assert no_scratch
+        assert all(np.array_equal(got, want) for got in results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_asynchronous_folding_calls_copy_their_input_at_issue(size):
+    """reduce_scatter and reduce work on a copy of their input: a blocking call's in the
+    communicator's scratch, made when it runs; an asynchronous call's at issue, so changing the
+    input after issuing changes nothing. Rank 0 joins late, so the other ranks' calls are still
+    queued behind a first one when their inputs change."""
+
+    def body(comm):
+        if comm.rank == 0:
+            time.sleep(0.3)
+        n = comm.size * 4
+        x = np.arange(n, dtype=np.int64) + 10 * comm.rank
+        before = x.copy()
+        first = comm.all_reduce(np.ones(1), async_op=True)
+        folded = comm.reduce_scatter(x, algorithm="ring", async_op=True)
+        reduced = comm.reduce(x, root=0, algorithm="binomial", async_op=True)
+        x[:] = -1   # after issue: must not show
+        first.wait()
+        return before, folded.wait(), reduced.wait()
+
+    results = colls.spawn(body, size, transport="local")
+    total = sum(before for before, *_ in results)
+    for rank, (_, folded, reduced) in enumerate(results):
+        assert np.array_equal(folded, total.reshape(size, -1)[rank])
+        assert rank != 0 or np.array_equal(reduced, total)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
