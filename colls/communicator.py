@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +11,7 @@ import numpy as np
 from algorithms import faults
 from algorithms.blocks import run_block_schedule
 from transports import registered
-from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport
+from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport, env_number
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 from transports.shm import MAPPED_BYTES
 
@@ -37,7 +36,7 @@ CHOOSE_BYTES = 128 << 10
 
 def default_timeout() -> float:
     """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
-    return float(os.environ.get("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S))
+    return env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
 
 
 class Communicator(Collectives):

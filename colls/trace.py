@@ -13,6 +13,8 @@ import sys
 import time
 from collections import deque
 
+from transports.base import env_number
+
 from .describe import Description
 
 
@@ -29,7 +31,7 @@ class Tracer:
         self.rank = rank
         self.debug = debug_enabled()
         self.path = os.environ.get("COLLS_TRACE") or None
-        self.recent: deque[str] = deque(maxlen=int(os.environ.get("COLLS_TRACE_DEPTH", "100")))
+        self.recent: deque[str] = deque(maxlen=env_number("COLLS_TRACE_DEPTH", 100))
         self.active = self.debug or self.path is not None
 
     def finished(self, description: Description, nbytes: int, seconds: float) -> None:

@@ -232,6 +232,21 @@ def test_colls_run_reports_the_killed_rank_and_leaves_nothing(tmp_path):
     # (no segment of the job is left: conftest checks /dev/shm after the session)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("variable", ["COLLS_SHM_HELP_BYTES", "COLLS_SHM_MAPPED_BYTES", "COLLS_TIMEOUT",
+                                      "COLLS_SHM_SLOTS", "COLLS_SHM_SLOW_SLOT_GBPS"])
+def test_a_tuning_variable_set_empty_is_unset_and_a_bad_one_is_named(variable):
+    """`COLLS_SHM_HELP_BYTES=` (empty) used to stop `import colls` with int()'s bare message."""
+    script = ("import colls; from colls.communicator import default_timeout; default_timeout(); "
+              "print(colls.spawn(lambda c: int(c.all_reduce(1)), 2, transport='shm', timeout=20))")
+    env = {**os.environ, variable: ""}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0 and done.stdout.strip() == "[2, 2]", done.stderr[-2000:]
+    env[variable] = "lots"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode != 0 and f"{variable}='lots'" in done.stderr, done.stderr[-2000:]
+
+
 def test_full_dev_shm_gives_a_clear_error(monkeypatch):
     from transports.shm import ShmTransport
 

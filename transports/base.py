@@ -339,6 +339,18 @@ def timeout_error(requests: Sequence[Request], deadline: float) -> CollectiveTim
     return CollectiveTimeout(f"deadline passed ({late:+.3f} s); {describe_pending(requests)}", peers)
 
 
+def env_number(name: str, default: float | int | str, kind: type = int):
+    """The environment variable `name` read as a `kind` (int or float); `default` when it is unset
+    or empty. A value that does not parse is an error that names the variable."""
+    given = os.environ.get(name, "").strip()
+    if not given:
+        return kind(default)
+    try:
+        return kind(given)
+    except ValueError:
+        raise ValueError(f"{name}={given!r}: give {'an integer' if kind is int else 'a number'}") from None
+
+
 def tune_file() -> Path:
     """Where `colls tune` saves what it measured (`COLLS_TUNE_FILE`, default ~/.cache/colls/tune.json)."""
     return Path(os.environ.get("COLLS_TUNE_FILE") or Path.home() / ".cache" / "colls" / "tune.json")

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import Exchange, Reducer, Request, Transport
+from .base import Exchange, Reducer, Request, Transport, env_number
 from .errors import TransportError
 from .segment import Segment
 from .shm import ShmTransport, _Fifo, _fifo_bytes, chunk_mismatch, serve_stashed, shm_group, take_posted
@@ -62,9 +62,9 @@ def device_geometry(size: int, device_bytes: int, slots: int | None = None,
     32 MiB from each rank, the whole inbound region at most 1/64 of the device's memory (an H200's
     141 GB gives 32 MiB chunks to 4 ranks; a 16 GB card 15 MiB). `COLLS_CUDA_CHUNK_BYTES` and
     `COLLS_CUDA_SLOTS` override it."""
-    slots = int(os.environ.get("COLLS_CUDA_SLOTS", DEFAULT_SLOTS)) if slots is None else slots
+    slots = env_number("COLLS_CUDA_SLOTS", DEFAULT_SLOTS) if slots is None else slots
     if chunk_bytes is None:
-        chunk_bytes = int(os.environ.get("COLLS_CUDA_CHUNK_BYTES", "0"))
+        chunk_bytes = env_number("COLLS_CUDA_CHUNK_BYTES", 0)
     if chunk_bytes <= 0:
         share = device_bytes // (64 * max(size, 1) * max(slots, 1))
         chunk_bytes = max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, share)) // MiB * MiB
@@ -128,7 +128,7 @@ class CudaIpcTransport(ShmTransport):
         self.cupy = cupy
         runtime = cupy.cuda.runtime
         if device is None:
-            device = int(os.environ.get("COLLS_CUDA_DEVICE", rank % max(runtime.getDeviceCount(), 1)))
+            device = env_number("COLLS_CUDA_DEVICE", rank % max(runtime.getDeviceCount(), 1))
         self.device = device
         runtime.setDevice(device)
         self.job = job

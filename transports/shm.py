@@ -34,6 +34,7 @@ from .base import (
     Request,
     Transport,
     check_buffer,
+    env_number,
     process_alive,
     read_tune_file,
     timeout_error,
@@ -69,7 +70,7 @@ RENDEZVOUS_MAPPED = -2
 # handshake). 2026-12-05, a 2-rank exchange, slots / mapped: 128 KiB 16.7 / 18.2 us and 512 KiB 38.1
 # / 31.2 in the machine's fast state, 128 KiB 53.1 / 20.4 and 512 KiB 257.2 / 30.9 in its slow one
 # (`transports.registered`); `COLLS_SHM_MAPPED=0` turns it off
-MAPPED_BYTES = int(os.environ.get("COLLS_SHM_MAPPED_BYTES", str(128 << 10)))
+MAPPED_BYTES = env_number("COLLS_SHM_MAPPED_BYTES", 128 << 10)
 MAPPED_CACHE = 8             # peers' regions a rank keeps mapped, per peer (the least recent goes)
 # Slow slots. On a VM whose host sometimes places its two vCPUs far apart, a store to a line the
 # other core holds costs ~26 ns, one after another: writing 1 MiB that the peer had read took 430 us
@@ -86,7 +87,7 @@ SLOW_REDUCE_FROM_BYTES = 512 << 10
 SLOW_WINDOW, SLOW_OF = 8, 5
 SLOW_HOLD_S = 0.5
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
-HELP_BYTES = int(os.environ.get("COLLS_SHM_HELP_BYTES", str(1 << 20)))   # see ShmTransport._ask_help
+HELP_BYTES = env_number("COLLS_SHM_HELP_BYTES", 1 << 20)   # see ShmTransport._ask_help
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
 
 
@@ -153,13 +154,13 @@ def rendezvous_bytes(chunk: int, slots: int) -> int:
     2026-12-03 (bench/RESULTS.md): with the threshold at 64 KiB a 2-rank all_reduce of 128-512 KiB
     ran 0.45-0.75x MPICH, at 1 MiB 0.94-1.17x; 4 ranks at 256 KiB 0.29x, at 1 MiB 0.85x."""
     default = max(64 << 10, chunk * slots)
-    return int(os.environ.get("COLLS_SHM_CMA_BYTES", str(default)))
+    return env_number("COLLS_SHM_CMA_BYTES", default)
 
 
 def fifo_geometry(size: int) -> tuple[int, int]:
     """(chunk_bytes, slots) for a group of `size`: 256 KiB x 4, shrunk so big groups fit /dev/shm."""
-    slots = int(os.environ.get("COLLS_SHM_SLOTS", "4"))
-    chunk = int(os.environ.get("COLLS_SHM_CHUNK_BYTES", "0"))
+    slots = env_number("COLLS_SHM_SLOTS", 4)
+    chunk = env_number("COLLS_SHM_CHUNK_BYTES", 0)
     if chunk <= 0:
         chunk = min(256 << 10, PER_RANK_BUDGET // (size * slots))
         chunk = max(16 << 10, chunk // ALIGN * ALIGN)
@@ -327,7 +328,7 @@ class ShmTransport(Transport):
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
         self.slow_until = 0.0   # while time.monotonic() is below it, big messages avoid the slots
-        self.slow_slot_bytes_per_s = float(os.environ.get("COLLS_SHM_SLOW_SLOT_GBPS", "8")) * 1e9
+        self.slow_slot_bytes_per_s = env_number("COLLS_SHM_SLOW_SLOT_GBPS", 8, float) * 1e9
         self.slot_copies: deque[bool] = deque(maxlen=SLOW_WINDOW)   # whether each was slow, last first
         self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
         self.peer_targets: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # the same, writable
