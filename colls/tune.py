@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import os
 import statistics
 import subprocess
@@ -34,6 +35,7 @@ import numpy as np
 
 from algorithms.cost import Machine
 from algorithms.ops import SUM
+from transports import cma
 from transports.base import Backoff
 
 from .bench.cases import fresh_array
@@ -49,6 +51,25 @@ def ones(count: int, dtype=np.uint8, value: int = 1) -> np.ndarray:
     buffer = fresh_array(count, dtype)
     buffer.fill(value)
     return buffer
+
+HUGE_PAGE = 2 << 20
+
+
+def paged_ones(nbytes: int, huge: bool) -> np.ndarray:
+    """`nbytes` of ones in memory of their own, all in transparent huge pages where the kernel gives
+    them (`huge`: a 2 MiB-aligned piece of a mapping that asks for them) or all in small pages (a
+    mapping that asks for none), whatever the size: `exchange_crossover` measures each kind apart,
+    as the shm transport chooses by the sender's kind (`transports.cma.in_huge_pages`)."""
+    region = mmap.mmap(-1, nbytes + (HUGE_PAGE if huge else 0), flags=mmap.MAP_PRIVATE)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None and hasattr(region, "madvise"):
+        region.madvise(advice)
+    whole = np.frombuffer(region, np.uint8)
+    start = (-whole.ctypes.data) % HUGE_PAGE if huge else 0
+    buffer = whole[start:start + nbytes]
+    buffer.fill(1)
+    return buffer
+
 
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
@@ -94,6 +115,7 @@ PROFILE_CALLS = ("all_reduce", "broadcast", "all_to_all")
 # it keeps the FIFO where a plain one beyond a slot goes by cross-memory attach); reducing from
 # the input (`Op.from_source`); from send buffers just written; right after a copy.
 EXCHANGE_PASSES = 3
+HUGE_EXCHANGE_BYTES = (1 << 20, 2 << 20, 4 << 20)   # ... and these, plain, sent from huge pages
 EXCHANGE_KINDS = {"exchange_s": {}, "exchange_reduce_s": {"reduce": True},
                   "exchange_reduce_source_s": {"reduce": "source"}, "exchange_written_s": {"written": True},
                   "exchange_after_copy_s": {"after_copy": True}}
@@ -160,7 +182,7 @@ def after_barrier_times(pair: Communicator, nbytes: int, rounds: int, written: b
 
 def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES, written: bool = False,
                      reduce: bool | str = False, after_copy: bool = False,
-                     fence: Communicator | None = None) -> float:
+                     fence: Communicator | None = None, huge: bool | None = None) -> float:
     """Median time, the slower rank's, of both ranks of a two-rank `pair` exchanging `nbytes`
     (`Channel.exchange`: a send and a receive posted together) right after a barrier: beside one message
     (`after_barrier_seconds`), what a rank's own posting adds when it also sends (8 B), and what
@@ -172,8 +194,10 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
     `after_copy`: each rank first copies `nbytes` between two buffers of its own, untimed, after
     the barrier (as all_to_all's local block before its exchange: an exchange right after a big
     memory operation was slower than after a barrier, whatever the copy touched); `fence`: as
-    `after_barrier_seconds`."""
-    buf, incoming = ones(nbytes), ones(nbytes)
+    `after_barrier_seconds`; `huge`: both buffers in huge pages (True) or small ones (False),
+    not as `colls bench`'s (`paged_ones`)."""
+    buf, incoming = ((ones(nbytes), ones(nbytes)) if huge is None
+                     else (paged_ones(nbytes, huge), paged_ones(nbytes, huge)))
     source, target = (ones(nbytes), ones(nbytes, value=0)) if after_copy else (buf, buf)
     channel = pair.channel("colls tune exchange", timeout=120)
     own = ones(nbytes // 4, np.float32) if reduce == "source" else None
@@ -409,6 +433,15 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                     passes[name][n].append(exchange_seconds(pair, rounds[n], n, fence=fence, **how))
         exchanges = {name: {str(n): statistics.median(times) for n, times in by_size.items()}
                      for name, by_size in passes.items()}
+        if cma.HUGE_PAGES:
+            # plain exchanges sent from huge pages, as `colls bench`'s buffers are from 4 MiB: they
+            # have a threshold of their own (`transports.shm.exchange_huge_bytes`), and below 4 MiB
+            # the tables above have small pages
+            exchanges["exchange_huge_s"] = {
+                str(n): statistics.median(exchange_seconds(pair, rounds.get(n, rounds[1 << 20]), n,
+                                                           fence=fence, huge=True)
+                                          for _ in range(EXCHANGE_PASSES))
+                for n in HUGE_EXCHANGE_BYTES}
         # a message from a buffer the sender has just written, at the cross-memory-attach sizes
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True, fence=fence)
                                - start)
@@ -481,7 +514,8 @@ def profile(comm: Communicator) -> dict:
                  for kind in ("reduce", "copy")}
     # the exchange protocols in effect while measuring (the model prices exchanges by them)
     thresholds = {kind: int(getattr(comm.transport, name)) for kind, name in
-                  (("plain", "exchange_rendezvous_bytes"), ("reducing", "reduce_exchange_rendezvous_bytes"))
+                  (("plain", "exchange_rendezvous_bytes"), ("reducing", "reduce_exchange_rendezvous_bytes"),
+                   ("plain_huge", "exchange_huge_bytes"))
                   if hasattr(comm.transport, name)}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_cma_bytes": thresholds,
@@ -582,31 +616,35 @@ CROSSOVER_BYTES = (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20)
 CROSSOVER_ROUNDS = 3   # interleaved FIFO / cross-memory rounds per size
 
 
-def exchange_crossover(pair: Communicator, reducing: bool) -> int:
+def exchange_crossover(pair: Communicator, reducing: bool, huge: bool = False) -> int:
     """From which size a sendrecv of a two-rank `pair` (plain, or `reducing` into a float32 sum) is
-    faster by cross-memory attach than through the FIFO's slots, on this machine: both protocols
-    forced in turn on the live transport at each of `CROSSOVER_BYTES` (medians of interleaved
-    rounds); the smallest size from which cross-memory attach wins by `RULE_MARGIN` at that size
-    and every larger one, twice the largest if it never does. The shm transport takes it from the
-    tune file (`transports.shm.tuned_exchange_bytes`); see `exchange_rendezvous_bytes` for why it
-    depends on the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB)."""
+    faster by cross-memory attach than through the FIFO's slots, on this machine, sent from small
+    pages (or `huge` ones: `transports.shm.exchange_huge_bytes`): both protocols forced in turn on
+    the live transport at each of `CROSSOVER_BYTES` (medians of interleaved rounds); the smallest
+    size from which cross-memory attach wins by `RULE_MARGIN` at that size and every larger one,
+    twice the largest if it never does. The shm transport takes it from the tune file
+    (`transports.shm.tuned_exchange_bytes`); see `exchange_rendezvous_bytes` for why it depends on
+    the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB)."""
     transport = pair.transport
-    name = "reduce_exchange_rendezvous_bytes" if reducing else "exchange_rendezvous_bytes"
-    kept = getattr(transport, name)
+    names = (("reduce_exchange_rendezvous_bytes",) if reducing
+             else ("exchange_rendezvous_bytes", "exchange_huge_bytes"))
+    kept = [getattr(transport, name) for name in names]
     fifo: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
-    cma: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
+    attach: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
     try:
         for _ in range(CROSSOVER_ROUNDS):
             for n in CROSSOVER_BYTES:
                 rounds = max(10, min(100, (256 << 20) // n))
-                for times, threshold in ((fifo, 1 << 62), (cma, transport.chunk + 1)):
-                    setattr(transport, name, threshold)
-                    times[n].append(exchange_seconds(pair, rounds, n, reduce=reducing))
+                for times, threshold in ((fifo, 1 << 62), (attach, transport.chunk + 1)):
+                    for name in names:
+                        setattr(transport, name, threshold)
+                    times[n].append(exchange_seconds(pair, rounds, n, reduce=reducing, huge=huge))
     finally:
-        setattr(transport, name, kept)
+        for name, value in zip(names, kept, strict=True):
+            setattr(transport, name, value)
     crossover = 2 * CROSSOVER_BYTES[-1]
     for n in reversed(CROSSOVER_BYTES):
-        if statistics.median(cma[n]) > statistics.median(fifo[n]) * (1 - RULE_MARGIN):
+        if statistics.median(attach[n]) > statistics.median(fifo[n]) * (1 - RULE_MARGIN):
             break
         crossover = n
     return crossover
@@ -623,19 +661,22 @@ def tune_exchanges(comm: Communicator) -> dict[str, int] | None:
     if not comm.all_reduce(np.array([int(applies)]), op="min")[0]:
         return None
     pair = comm if comm.size == 2 else comm.split(0 if comm.rank < 2 else None)
-    found = np.zeros(2, np.int64)
+    found = np.zeros(3, np.int64)
     if pair is not None:
         try:
-            found[:] = [exchange_crossover(pair, False), exchange_crossover(pair, True)]
+            found[:] = [exchange_crossover(pair, False), exchange_crossover(pair, True),
+                        exchange_crossover(pair, False, huge=True) if cma.HUGE_PAGES else 0]
         finally:
             if pair is not comm:
                 pair.close()
-    plain, reducing = (int(n) for n in comm.broadcast(found, root=0))
+    plain, reducing, huge = (int(n) for n in comm.broadcast(found, root=0))
+    huge = min(huge, plain) if huge else plain
     if not os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", "").strip():   # (empty: as if unset)
         transport.exchange_rendezvous_bytes = plain
+        transport.exchange_huge_bytes = huge
     if not os.environ.get("COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES", "").strip():
         transport.reduce_exchange_rendezvous_bytes = reducing
-    return {"plain": plain, "reducing": reducing}
+    return {"plain": plain, "reducing": reducing, "plain_huge": huge}
 
 
 def measure(comm: Communicator) -> Machine:
@@ -681,8 +722,9 @@ def main() -> int:
               f"-> {path}")
         if exchanges:
             print(f"{comm.transport.name}: exchanges by cross-memory attach from "
-                  f"{format_bytes(exchanges['plain'])} (plain), {format_bytes(exchanges['reducing'])} "
-                  f"(reducing) -> {path}")
+                  f"{format_bytes(exchanges['plain'])} (plain), "
+                  f"{format_bytes(exchanges['plain_huge'])} (plain, sent from huge pages), "
+                  f"{format_bytes(exchanges['reducing'])} (reducing) -> {path}")
         for collective, found in measured.items():
             shown = ", ".join(f"{name} from {format_bytes(start)}" for start, name in found)
             print(f"{comm.transport.name} at {comm.size} ranks: {collective} {shown} -> {path}")

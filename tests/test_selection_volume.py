@@ -162,8 +162,9 @@ def test_colls_tune_measures_and_saves(tmp_path, monkeypatch):
     # and, with a core per rank and cross-memory attach allowed, from where exchanges go by it
     if "exchange_cma" in entry:
         from colls.tune import CROSSOVER_BYTES
-        assert set(entry["exchange_cma"]) == {"plain", "reducing"}
+        assert set(entry["exchange_cma"]) == {"plain", "reducing", "plain_huge"}
         assert set(entry["exchange_cma"].values()) <= set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}
+        assert entry["exchange_cma"]["plain_huge"] <= entry["exchange_cma"]["plain"]
         assert "exchanges by cross-memory attach from" in done.stdout
     else:
         assert len(os.sched_getaffinity(0)) < 2 or "exchanges" not in done.stdout

@@ -14,8 +14,9 @@ import pytest
 import colls
 from algorithms import SUM
 from colls.tune import CROSSOVER_BYTES, tune_exchanges
+from transports import cma as attach
 from transports.base import COLLECTIVE_TAG_BASE
-from transports.shm import exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
+from transports.shm import exchange_huge_bytes, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 
 TAG = COLLECTIVE_TAG_BASE + 7
 CHUNK, _ = fifo_geometry(2)
@@ -298,6 +299,65 @@ def test_exchange_thresholds_come_from_the_tune_file_unless_the_environment_sets
     assert exchange_rendezvous_bytes(chunk, slots, 2, reducing=True, cores=2) == 16 << 20
 
 
+def _huge_and_small(comm) -> list:
+    """Plain sendrecvs of 2 MiB: a piece of an 8 MiB numpy array (huge pages), a 2 MiB array of
+    its own (small pages), and a reducing one from the big array; the cross-memory reads each made."""
+    transport, peer = comm.transport, 1 - comm.rank
+    big = np.arange(2 << 20, dtype=np.int32) + 1000 * comm.rank   # 8 MiB: numpy asks for huge pages
+    alone = big[: 512 << 10].copy()                                # 2 MiB of its own
+    counts, right = [], True
+    for send, reducer in ((big[: 512 << 10], None), (alone, None), (big[: 512 << 10], SUM.into_left)):
+        got = np.zeros_like(send) if reducer is None else send.copy()
+        before = transport.rendezvous_posted[peer]
+        transport.sendrecv(send, peer, got, peer, TAG, time.monotonic() + 20, reducer)
+        counts.append(transport.rendezvous_posted[peer] - before)
+        want = np.arange(send.size) + 1000 * peer
+        right = right and np.array_equal(got, want if reducer is None else want + send)
+    return [counts, right, transport.cma, transport.exchange_huge_bytes]
+
+
+@pytest.mark.timeout(60)
+def test_a_plain_exchange_sent_from_huge_pages_has_a_threshold_of_its_own(tmp_path, monkeypatch):
+    """From huge pages a peer's cross-memory read pins 512 times fewer pages: 2 MiB took 98 us so
+    against 152-155 through the slots, and 177 out of small pages (2026-12-05). So a plain exchange
+    sent from an allocation of 4 MiB or more goes by attach from the tune's "plain_huge"."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores exchanges keep the messages' threshold")
+    if not attach.HUGE_PAGES:
+        pytest.skip("this kernel gives no transparent huge pages")
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(tmp_path / "tune.json"))
+    (tmp_path / "tune.json").write_text(json.dumps(
+        {"shm": {"exchange_cma": {"plain": 32 << 20, "reducing": 32 << 20, "plain_huge": 2 << 20}}}))
+    for counts, right, allowed, huge in colls.spawn(_huge_and_small, 2, transport="shm", timeout=40):
+        assert right
+        if not allowed:
+            pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+        assert huge == 2 << 20
+        assert counts == [1, 0, 0]   # huge pages by attach; small pages and the reduction through the slots
+
+
+def test_which_buffers_count_as_in_huge_pages(tmp_path, monkeypatch):
+    import mmap
+
+    big = np.zeros(1 << 20, np.float32)   # 4 MiB
+    mapped = np.frombuffer(mmap.mmap(-1, 4 << 20), np.uint8)
+    assert attach.in_huge_pages(big) == attach.in_huge_pages(big[10:20].reshape(2, 5)) == attach.HUGE_PAGES
+    assert attach.in_huge_pages(mapped[:100]) == attach.HUGE_PAGES
+    assert not attach.in_huge_pages(np.zeros((1 << 20) - 1, np.float32))
+    assert not attach.in_huge_pages(colls.alloc(1 << 20, np.float32))   # registered: goes mapped anyway
+    chunk, slots = 256 << 10, 4
+    monkeypatch.setenv("COLLS_TUNE_FILE", str(tmp_path / "tune.json"))
+    (tmp_path / "tune.json").write_text(json.dumps(
+        {"shm": {"exchange_cma": {"plain": 8 << 20, "plain_huge": 1 << 20}}}))
+    assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 1 << 20
+    assert exchange_huge_bytes(chunk, slots, 4, cores=2) == rendezvous_bytes(chunk, slots)   # ranks > cores
+    monkeypatch.setenv("COLLS_SHM_EXCHANGE_CMA_BYTES", str(4 << 20))   # sets both
+    assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 4 << 20
+    monkeypatch.delenv("COLLS_SHM_EXCHANGE_CMA_BYTES")
+    (tmp_path / "tune.json").write_text(json.dumps({"shm": {"exchange_cma": {"plain": 8 << 20}}}))
+    assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 8 << 20   # an older tune: as plain
+
+
 def _tuned_exchanges(comm) -> list:
     """`colls tune`'s crossover measurement on this group; what it found, what the transport now
     uses, and whether exchanges of both kinds still deliver."""
@@ -311,7 +371,8 @@ def _tuned_exchanges(comm) -> list:
         transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
         right = right and np.array_equal(got, np.arange(mine.size) + 1000 * peer) and \
             np.array_equal(total, 2 * np.arange(mine.size) + 1000)
-    return [found, transport.exchange_rendezvous_bytes, transport.reduce_exchange_rendezvous_bytes, right]
+    return [found, transport.exchange_rendezvous_bytes, transport.reduce_exchange_rendezvous_bytes, right,
+            transport.exchange_huge_bytes]
 
 
 @pytest.mark.timeout(120)
@@ -320,13 +381,14 @@ def test_tune_measures_the_exchange_crossover_and_puts_it_into_effect():
         pytest.skip("with more ranks than cores the transport keeps the FIFO's threshold")
     results = colls.spawn(_tuned_exchanges, 2, transport="shm", timeout=100)
     assert results[0] == results[1]          # both ranks took rank 0's measurement
-    found, plain, reducing, right = results[0]
+    found, plain, reducing, right, huge = results[0]
     assert right
     if found is None:
         pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
     measured = set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}
     assert found["plain"] in measured and found["reducing"] in measured
-    assert (plain, reducing) == (found["plain"], found["reducing"])
+    assert found["plain_huge"] in measured and found["plain_huge"] <= found["plain"]
+    assert (plain, reducing, huge) == (found["plain"], found["reducing"], found["plain_huge"])
 
 
 def _replace(comm, nbytes: int) -> list:

@@ -12,7 +12,8 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   copies straight out of the sender); a sendrecv costs the exchange of its size and kind as
   measured (both ranks at once), through the FIFO up to its own thresholds (those in effect when
   the profile was measured: `colls tune`'s, 4 MiB plain and 16 MiB reducing by default, when every
-  rank has a core); a piece of a bigger call moves its bytes no faster than a
+  rank has a core; a plain one sent from huge pages, as the bench's buffers are from 4 MiB, by
+  its own table and threshold); a piece of a bigger call moves its bytes no faster than a
   message or exchange of the call's size (its lines come from where the call's bytes live);
 - those bytes are CPU work: a FIFO message keeps the sender's CPU busy while it copies in, then
   the receiver's while it copies out (the sender copies its next one in meanwhile), a
@@ -44,6 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from algorithms import lookup
+from transports.cma import HUGE_FROM_BYTES
 from transports.shm import HELP_BYTES, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 from transports.sim import Link, Route, SimTransport, TimeSharing
 
@@ -122,6 +124,10 @@ class Profile:
     # how long a rank waiting in MPI's barrier keeps its core before it yields (`colls bench`'s
     # ranks wait there once their call has returned); None: unmeasured, as long as colls' `spin`
     barrier_hold: float | None = None
+    # (bytes, seconds) of plain sendrecvs sent from huge pages, as `colls bench`'s buffers are from
+    # 4 MiB (`colls.bench.cases.fresh_array`): they have an exchange threshold of their own
+    # (`transports.shm.exchange_huge_bytes`); `exchange` holds them in small pages below 4 MiB
+    exchange_huge: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -175,7 +181,9 @@ class Profile:
                      for kind in ("plain", "reducing")),
                    send=median_table("send_s") if all(e.get("send_s") for e in entries) else (),
                    barrier_hold=combine([e["barrier_hold_s"] for e in entries])
-                   if all(e.get("barrier_hold_s") is not None for e in entries) else None)
+                   if all(e.get("barrier_hold_s") is not None for e in entries) else None,
+                   exchange_huge=median_table("exchange_huge_s")
+                   if all(e.get("exchange_huge_s") for e in entries) else ())
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -331,11 +339,15 @@ class SharedMemory:
         in this call slower), not a message and two posts; None from its rendezvous size
         (`Profile.exchange_limit`: the general path, messages and reads as above)."""
         profile = self.profile
-        if nbytes >= profile.exchange_limit(reducing):
+        # a plain one of a call whose buffers are in huge pages, where measured so: as measured
+        huge = (not reducing and self.footprint >= HUGE_FROM_BYTES and bool(profile.exchange_huge)
+                and nbytes <= profile.exchange_huge[-1][0])
+        if nbytes >= profile.exchange_limit(reducing) and not huge:
             return None
-        seconds = profile.exchange_seconds(nbytes, reducing, written, after_work)
+        seconds = (_linear(list(profile.exchange_huge), nbytes) if huge
+                   else profile.exchange_seconds(nbytes, reducing, written, after_work))
         alone = seconds
-        if self.footprint > nbytes:
+        if self.footprint > nbytes and not huge:
             # a piece of a bigger call moves its bytes at no better rate than an exchange of the
             # call's size (as `route_for` prices a big piece): its lines come from where the call's
             # bytes live. A 2-rank 1 MiB ring_segmented makes four 256 KiB exchanges in 184 us,
