@@ -614,9 +614,13 @@ def rules_from(timed: list[tuple[int, dict[str, float]]]) -> list[tuple[int, str
 
 CROSSOVER_BYTES = (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20)
 CROSSOVER_ROUNDS = 3   # interleaved FIFO / cross-memory rounds per size
+# an exchange through the slots slower than this is the VM's slow state: 512 KiB took ~42 us
+# otherwise and ~250 us in it (2026-12-05); 4 GB/s is the slow-slot switch's 8 GB/s a copy, for the
+# two copies (in, then out) on each rank's path
+SLOW_EXCHANGE_BYTES_PER_S = 4e9
 
 
-def exchange_crossover(pair: Communicator, reducing: bool, huge: bool = False) -> int:
+def exchange_crossover(pair: Communicator, reducing: bool, huge: bool = False) -> int | None:
     """From which size a sendrecv of a two-rank `pair` (plain, or `reducing` into a float32 sum) is
     faster by cross-memory attach than through the FIFO's slots, on this machine, sent from small
     pages (or `huge` ones: `transports.shm.exchange_huge_bytes`): both protocols forced in turn on
@@ -624,14 +628,23 @@ def exchange_crossover(pair: Communicator, reducing: bool, huge: bool = False) -
     size from which cross-memory attach wins by `RULE_MARGIN` at that size and every larger one,
     twice the largest if it never does. The shm transport takes it from the tune file
     (`transports.shm.tuned_exchange_bytes`); see `exchange_rendezvous_bytes` for why it depends on
-    the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB)."""
+    the machine (2026-12-03: from one slot, 2026-12-04: from 4 and 16 MiB).
+
+    None when the slots ran in the VM's slow state (`transports.shm.SLOW_FROM_BYTES`): their
+    smallest exchange slower than `SLOW_EXCHANGE_BYTES_PER_S`. A crossover measured then is that
+    state's, which the transport meets at run time by its slow-slot switch; the thresholds are for
+    the other state. (While measuring, that switch is held off: it sent the "slots" way by
+    cross-memory attach too, and two tunes of 2026-12-05 in the slow state found attach never
+    faster, 16 and 32 MiB.)"""
     transport = pair.transport
     names = (("reduce_exchange_rendezvous_bytes",) if reducing
              else ("exchange_rendezvous_bytes", "exchange_huge_bytes"))
     kept = [getattr(transport, name) for name in names]
+    switch = transport.slow_slot_bytes_per_s
     fifo: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
     attach: dict[int, list[float]] = {n: [] for n in CROSSOVER_BYTES}
     try:
+        transport.slow_slot_bytes_per_s, transport.slow_until = 0.0, 0.0
         for _ in range(CROSSOVER_ROUNDS):
             for n in CROSSOVER_BYTES:
                 rounds = max(10, min(100, (256 << 20) // n))
@@ -640,8 +653,12 @@ def exchange_crossover(pair: Communicator, reducing: bool, huge: bool = False) -
                         setattr(transport, name, threshold)
                     times[n].append(exchange_seconds(pair, rounds, n, reduce=reducing, huge=huge))
     finally:
+        transport.slow_slot_bytes_per_s = switch
         for name, value in zip(names, kept, strict=True):
             setattr(transport, name, value)
+    smallest = CROSSOVER_BYTES[0]
+    if statistics.median(fifo[smallest]) > smallest / SLOW_EXCHANGE_BYTES_PER_S:
+        return None
     crossover = 2 * CROSSOVER_BYTES[-1]
     for n in reversed(CROSSOVER_BYTES):
         if statistics.median(attach[n]) > statistics.median(fifo[n]) * (1 - RULE_MARGIN):
@@ -664,12 +681,14 @@ def tune_exchanges(comm: Communicator) -> dict[str, int] | None:
     found = np.zeros(3, np.int64)
     if pair is not None:
         try:
-            found[:] = [exchange_crossover(pair, False), exchange_crossover(pair, True),
-                        exchange_crossover(pair, False, huge=True) if cma.HUGE_PAGES else 0]
+            found[:] = [exchange_crossover(pair, False) or -1, exchange_crossover(pair, True) or -1,
+                        (exchange_crossover(pair, False, huge=True) or -1) if cma.HUGE_PAGES else 0]
         finally:
             if pair is not comm:
                 pair.close()
     plain, reducing, huge = (int(n) for n in comm.broadcast(found, root=0))
+    if min(plain, reducing, huge) < 0:   # the slots' slow state: the defaults (see `exchange_crossover`)
+        return {}
     huge = min(huge, plain) if huge else plain
     if not os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", "").strip():   # (empty: as if unset)
         transport.exchange_rendezvous_bytes = plain
@@ -720,6 +739,9 @@ def main() -> int:
         print(f"{comm.transport.name}: alpha {machine.alpha * 1e6:.2f} us, "
               f"beta {1 / machine.beta / 1e9:.2f} GB/s, gamma {1 / machine.gamma / 1e9:.2f} GB/s "
               f"-> {path}")
+        if exchanges == {}:
+            print(f"{comm.transport.name}: exchanges through the slots ran in the VM's slow state: their "
+                  f"thresholds not measured (the transport keeps its defaults, and its slow-slot switch)")
         if exchanges:
             print(f"{comm.transport.name}: exchanges by cross-memory attach from "
                   f"{format_bytes(exchanges['plain'])} (plain), "

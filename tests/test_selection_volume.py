@@ -160,7 +160,9 @@ def test_colls_tune_measures_and_saves(tmp_path, monkeypatch):
         assert {name for _, name in rules} <= set(colls.algorithms(collective)) - {"hierarchical"}
         assert f"{collective} {rules[0][1]} from 0 B" in done.stdout
     # and, with a core per rank and cross-memory attach allowed, from where exchanges go by it
-    if "exchange_cma" in entry:
+    if "slow state" in done.stdout:   # the slots ran slow: no thresholds measured (`exchange_crossover`)
+        assert "exchange_cma" not in entry
+    elif "exchange_cma" in entry:
         from colls.tune import CROSSOVER_BYTES
         assert set(entry["exchange_cma"]) == {"plain", "reducing", "plain_huge"}
         assert set(entry["exchange_cma"].values()) <= set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}

@@ -146,22 +146,25 @@ def tuned_exchange_bytes() -> dict[str, int]:
             if isinstance(found.get(kind), int) and found[kind] > 0}
 
 
+HUGE_EXCHANGE_BYTES = 2 << 20   # `exchange_huge_bytes` where no tune says
+
+
 def exchange_huge_bytes(chunk: int, slots: int, size: int, cores: int | None = None,
                         slots_first: bool = False) -> int:
     """A plain sendrecv's message at least this large moves by cross-memory attach when it is sent
     from transparent huge pages (`cma.in_huge_pages`), whatever `exchange_rendezvous_bytes` says:
     the receiver's read then pins 512 times fewer pages. From what `colls tune` measured on buffers
-    in huge pages ("plain_huge"), else as `exchange_rendezvous_bytes` (`COLLS_SHM_EXCHANGE_CMA_BYTES`
-    sets both). Measured 2026-12-05, 2 ranks, slots against cross-memory attach (us): 2 MiB 155 /
-    98 from huge pages and 152 / 177 from small ones, 4 MiB 325 / 186 and 331 / 363, 8 MiB 815 / 521
-    and 884 / 1182; 1 MiB 81 / 98 either way. Reducing exchanges stayed faster through the slots
-    from huge pages too (2 MiB 154 / 197), so they have one threshold."""
+    in huge pages ("plain_huge"), else from 2 MiB (`HUGE_EXCHANGE_BYTES`); never above
+    `exchange_rendezvous_bytes` (`COLLS_SHM_EXCHANGE_CMA_BYTES` sets both). Measured 2026-12-05,
+    2 ranks, slots against cross-memory attach (us): 2 MiB 155 / 98 from huge pages and 152 / 177
+    from small ones, 4 MiB 325 / 186 and 331 / 363, 8 MiB 815 / 521 and 884 / 1182; 1 MiB 81 / 98
+    either way. Reducing exchanges stayed faster through the slots from huge pages too (2 MiB 154
+    / 197), so they have one threshold."""
     plain = exchange_rendezvous_bytes(chunk, slots, size, cores=cores, slots_first=slots_first)
-    tuned = tuned_exchange_bytes().get("plain_huge")
-    if (tuned is None or slots_first or os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", "").strip()
+    if (slots_first or os.environ.get("COLLS_SHM_EXCHANGE_CMA_BYTES", "").strip()
             or size > (cores if cores is not None else len(os.sched_getaffinity(0)))):
         return plain
-    return min(tuned, plain)
+    return min(tuned_exchange_bytes().get("plain_huge", HUGE_EXCHANGE_BYTES), plain)
 
 
 def rendezvous_bytes(chunk: int, slots: int) -> int:
