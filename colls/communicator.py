@@ -13,7 +13,6 @@ from algorithms.blocks import run_block_schedule
 from transports import registered
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport, env_number
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
-from transports.shm import MAPPED_BYTES
 
 from . import fingerprint
 from .collectives import Collectives, Result, apart_from
@@ -460,8 +459,10 @@ class Communicator(Collectives):
         held = self._scratch_bytes
         if held is None or held.nbytes < like.nbytes:
             held = None
-            if getattr(self.transport, "mappable", False) and like.nbytes >= MAPPED_BYTES:
-                held = registered.alloc((like.nbytes,), np.uint8)
+            if getattr(self.transport, "mappable", False):   # (shm: imported where it is used)
+                from transports.shm import MAPPED_BYTES
+                if like.nbytes >= MAPPED_BYTES:
+                    held = registered.alloc((like.nbytes,), np.uint8)
             self._scratch_bytes = held = np.empty(like.nbytes, np.uint8) if held is None else held
         flat = held[:like.nbytes].view(like.dtype)
         np.copyto(flat, like.reshape(-1))
