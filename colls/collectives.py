@@ -280,8 +280,9 @@ def apart_from(x: np.ndarray, work: np.ndarray, own: int | None = None) -> np.nd
     against MPI's 55 for a 2-rank in-place 1 MiB all_gather, 2026-12-05.)"""
     if not np.may_share_memory(x, work):
         return x
-    if own is not None and x.flags.c_contiguous and work.flags.c_contiguous and (
-            x.__array_interface__["data"][0] == work.__array_interface__["data"][0] + own * x.nbytes):
+    if (own is not None and type(x) is np.ndarray and type(work) is np.ndarray   # (device arrays: copied)
+            and x.flags.c_contiguous and work.flags.c_contiguous
+            and x.__array_interface__["data"][0] == work.__array_interface__["data"][0] + own * x.nbytes):
         return x
     return None
 
