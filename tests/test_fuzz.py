@@ -212,6 +212,26 @@ def test_the_first_bug_it_found_stays_fixed() -> None:
         assert verdict.ok, verdict.primary
 
 
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_an_all_gather_from_its_own_block_of_out_runs_and_prints_as_such(transport) -> None:
+    """The in-place all_gather (the input is this rank's block of the output, as MPI_IN_PLACE and
+    torch's all_gather_into_tensor have it), each algorithm, as a run and as its printed snippet.
+    With the input taken from block 0 instead of its own, the fuzzer finds it in its first programs."""
+    import colls
+
+    for algorithm in (None, *colls.algorithms("all_gather")):
+        program = Program(3, 7, (Step("all_gather", rows=2, tail=(3,), mode="inplace", algorithm=algorithm),))
+        group = make_group(transport, 3)
+        try:
+            verdict = judge(program, group.run(program, 10.0), 10.0)
+        finally:
+            group.close()
+        assert verdict.ok, (algorithm, verdict.primary)
+        namespace: dict[str, object] = {}
+        exec(compile(render(program, "local"), "<snippet>", "exec"), namespace)
+        colls.spawn(namespace["program"], program.size, transport="local", timeout=30)
+
+
 # -- the machinery without ranks -------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -188,6 +188,12 @@ class RankRun:
         out = None
         if step.mode == "out" and want is not None:
             out = own(sentinel_like(want), fresh=True)
+        elif step.mode == "inplace" and kind == "all_gather":
+            # MPI_IN_PLACE's form: the input is this rank's block of the output
+            out = own(sentinel_like(want), fresh=True)
+            rows = len(xs[rank])
+            x = out[rank * rows:(rank + 1) * rows]
+            x[...] = xs[rank]
         elif step.mode == "inplace":
             if kind == "broadcast" and rank != root:
                 x = own(sentinel_like(x), fresh=True)   # a receiver's bytes must all be replaced

@@ -34,7 +34,7 @@ REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 BLOCKED = ("reduce_scatter", "all_to_all", "scatter")      # rows are per block: size x rows in all
 MODES = {"all_reduce": ("new", "out", "inplace"), "broadcast": ("new", "out", "inplace"),
-         "reduce": ("new", "out", "inplace"), "all_gather": ("new", "out"),
+         "reduce": ("new", "out", "inplace"), "all_gather": ("new", "out", "inplace"),
          "reduce_scatter": ("new", "out"), "all_to_all": ("new", "out", "inplace"),
          "all_to_all_v": ("new",), "gather": ("new", "out"), "scatter": ("new", "out"), "barrier": ("new",)}
 # how a split picks each rank's color (None: the rank joins no group)
@@ -57,7 +57,8 @@ class Step:
     tail: tuple[int, ...] = ()     # the shape after axis 0
     op: str | None = None
     root: int = 0                  # taken modulo the group's size
-    mode: str = "new"              # new: out=None; out: a preallocated out; inplace: out=x
+    # new: out=None; out: a preallocated out; inplace: out=x (an all_gather's x: its block of out)
+    mode: str = "new"
     async_op: bool = False
     wait: int = 0                  # async handles are waited in increasing (wait, step)
     coloring: str = "halves"       # split only

@@ -57,6 +57,10 @@ def _collective(step: Step, i: int, group: str, size: int | None) -> list[str]:
     if step.mode == "out":
         lines.append(f"out{i} = None if want{i} is None else sentinel_like(want{i})"
                      if step.kind in ROOTED else f"out{i} = sentinel_like(want{i})")
+    elif step.mode == "inplace" and step.kind == "all_gather":   # x is this rank's block of out
+        lines.append(f"out{i} = sentinel_like(want{i})")
+        lines.append(f"x{i} = out{i}[{group}.rank * len(xs{i}[0]):({group}.rank + 1) * len(xs{i}[0])]")
+        lines.append(f"x{i}[...] = xs{i}[{group}.rank]")
     elif step.mode == "inplace":
         lines.append(f"out{i} = x{i}")
     lines.append(f"{variable} = {_call(step, i, group, root)}")
