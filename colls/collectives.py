@@ -113,9 +113,15 @@ class Collectives:
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
-        # every rank's buffer is scratch for the tree: the root's is its result, a fresh copy;
-        # the others' the communicator's scratch, filled in the body
-        work = x.copy() if self.rank == root else None
+        # every rank's buffer is scratch for the tree: the root's is its result (its `out`, or a
+        # fresh copy), filled now; the others' the communicator's scratch, filled in the body
+        if self.rank != root:
+            work = None
+        elif type(given) is np.ndarray and given.flags.c_contiguous:
+            np.copyto(given, x)   # the root reduces straight into its out: no copy of x made
+            work = given
+        else:
+            work = x.copy()
         source = None if work is not None else self._source(x, None, async_op)
 
         def body(channel):
@@ -124,10 +130,9 @@ class Collectives:
             if self.rank != root:
                 return None
             op.finish(flat, self.size)
-            if given is not None:
+            if given is not None and given is not work:
                 given[...] = work
-                return given
-            return work
+            return work if given is None else given
 
         return self._run("reduce", algo.name, x, body, async_op, timeout, root=root, op=op)
 

@@ -91,6 +91,36 @@ def test_asynchronous_folding_calls_copy_their_input_at_issue(size):
         assert rank != 0 or np.array_equal(reduced, total)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_a_reduce_root_works_in_its_out(size):
+    """The root reduces straight into a contiguous `out` (it used to reduce into a copy of x, then
+    copy that into out): the result is out itself, x is left alone, and in place (out=x) and a
+    strided out give the same sums."""
+
+    def body(comm):
+        x = np.arange(12, dtype=np.int64) * (comm.rank + 1)
+        before = x.copy()
+        results = []
+        for algorithm in colls.algorithms("reduce"):
+            out = np.full(12, -7, np.int64) if comm.rank == 0 else None
+            got = comm.reduce(x, root=0, out=out, algorithm=algorithm)
+            results.append((got is out, None if got is None else got.copy(), np.array_equal(x, before)))
+            wide = np.full(24, -7, np.int64)
+            strided = comm.reduce(x, root=0, out=wide[::2] if comm.rank == 0 else None, algorithm=algorithm)
+            results.append((True, None if strided is None else strided.copy(), np.array_equal(x, before)))
+            mine = x.copy()
+            comm.reduce(mine, root=0, out=mine if comm.rank == 0 else None, algorithm=algorithm)
+            results.append((True, mine if comm.rank == 0 else None, True))
+        return results
+
+    want = np.arange(12, dtype=np.int64) * sum(range(1, size + 1))
+    for rank, results in enumerate(colls.spawn(body, size, transport="local")):
+        for same, got, untouched in results:
+            assert same and untouched
+            assert (got is None) == (rank != 0)
+            assert rank != 0 or np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
 def test_all_reduce_reading_its_input_in_place_leaves_it_alone(size, algorithm):
