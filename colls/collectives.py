@@ -113,18 +113,21 @@ class Collectives:
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
-        # every rank's buffer is scratch for the tree: the root's is its result (its `out`, or a
-        # fresh copy), filled now; the others' the communicator's scratch, filled in the body
+        # every rank's buffer is scratch for the tree: the root's is its result (its `out`, filled
+        # when the call runs, or a fresh copy); the others' the communicator's scratch
         if self.rank != root:
             work = None
         elif type(given) is np.ndarray and given.flags.c_contiguous:
-            np.copyto(given, x)   # the root reduces straight into its out: no copy of x made
-            work = given
+            work = given   # the root reduces straight into its out: no copy of x made
+            if async_op:
+                np.copyto(given, x)   # now: the caller may change x before the body runs
         else:
             work = x.copy()
         source = None if work is not None else self._source(x, None, async_op)
 
         def body(channel):
+            if given is not None and work is given and not async_op:
+                np.copyto(given, x)   # (in the body: a call refused before it runs leaves out alone)
             flat = source() if work is None else work.reshape(-1)
             algo.run(channel, flat, op, root)
             if self.rank != root:
