@@ -351,3 +351,21 @@ def test_slow_copies_into_slots_send_big_messages_by_cross_memory_attach(monkeyp
         assert slow_now == slow
         # (the first three all_to_alls fill the window of five slow copies; the rest go by attach)
         assert (attached >= 15) if slow else (attached == 0), attached
+
+
+@pytest.mark.timeout(60)
+def test_with_more_ranks_than_cores_slow_copies_into_slots_change_nothing(monkeypatch):
+    # two ranks on one core: a copy's time includes the other rank's turns, and a pull must wait
+    # for its reader to get the core, so the switch stays off (4 ranks on 2 cores, a 512 KiB
+    # all_reduce took 540-680 us with it, 310 without)
+    monkeypatch.setenv("COLLS_SHM_SLOW_SLOT_GBPS", "100000")   # every copy "slow"
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(kept)})   # the ranks inherit it
+    try:
+        ranks = colls.spawn(_slow_slots, 2, transport="shm", args=(20,), timeout=50)
+    finally:
+        os.sched_setaffinity(0, kept)
+    for right, attached, slow_now in ranks:
+        assert right
+        assert not slow_now
+        assert attached == 0, attached   # 512 KiB: below the FIFO's threshold, so through the slots

@@ -79,7 +79,8 @@ MAPPED_CACHE = 8             # peers' regions a rank keeps mapped, per peer (the
 # read by the receiver by cross-memory attach, is not. So a rank times its copies of 64 KiB or more
 # into slots; when SLOW_OF of its last SLOW_WINDOW were slower than 8 GB/s (COLLS_SHM_SLOW_SLOT_GBPS;
 # 2.3-2.4 GB/s in the slow state, 35-41 otherwise), it sends its messages of 64 KiB or more by
-# cross-memory attach for SLOW_HOLD_S, then tries the slots again. Reducing exchanges only from
+# cross-memory attach for SLOW_HOLD_S, then tries the slots again (where every rank has a core of
+# its own; with more ranks than cores, never: see `ShmTransport.__init__`). Reducing exchanges only from
 # SLOW_REDUCE_FROM_BYTES: both ranks then write what the other reads whichever the way (a 2-rank
 # 256 KiB all_reduce in the slow state: 142 us through the slots, ~200 by attach; 1 MiB: 545 / 430)
 SLOW_FROM_BYTES = 64 << 10
@@ -322,8 +323,8 @@ class ShmTransport(Transport):
         # whether a kind of call may go by cross-memory attach throughout, when that has been faster
         # than the thresholds lately (`begin_call`): with COLLS_SHM_ADAPTIVE=1, where every rank has
         # a core (a pull needs its receiver to run)
-        self.adapting = (self.cma and size <= len(os.sched_getaffinity(0))
-                         and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1")
+        own_cores = size <= len(os.sched_getaffinity(0))   # every rank can have a core of its own
+        self.adapting = own_cores and self.cma and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1"
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size,
                                                                     slots_first=self.adapting)
                                           if self.cma else 1 << 62)
@@ -353,7 +354,11 @@ class ShmTransport(Transport):
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
         self.slow_until = 0.0   # while time.monotonic() is below it, big messages avoid the slots
-        self.slow_slot_bytes_per_s = env_number("COLLS_SHM_SLOW_SLOT_GBPS", 8, float) * 1e9
+        # (only where every rank has a core: with more ranks than cores a copy's time includes the
+        # turns of the ranks it shares a core with, and a pull waits for its reader to get one. 4
+        # ranks on 2 cores, a 512 KiB all_reduce: 540-680 us with the switch, 310 without)
+        self.slow_slot_bytes_per_s = (env_number("COLLS_SHM_SLOW_SLOT_GBPS", 8, float) * 1e9
+                                      if own_cores else 0.0)
         self.slot_copies: deque[bool] = deque(maxlen=SLOW_WINDOW)   # whether each was slow, last first
         self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
         self.peer_targets: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # the same, writable
