@@ -248,9 +248,10 @@ def call_seconds(comm: Communicator, collective: str, rounds: int = 2000) -> flo
     return statistics.median(times)
 
 
-def spin_seconds(pair: Communicator, rounds: int = 100) -> float:
-    """How long a waiting rank polls before it yields its core: `Backoff.SPIN_POLLS` turns of the
-    transport's wait loop with a receive pending (rank 1 of a two-rank `pair`, rank 0 sends late)."""
+def spin_seconds(pair: Communicator, polls: int = Backoff.SPIN_POLLS, rounds: int = 100) -> float:
+    """How long a waiting rank polls before it yields its core: `polls` turns of the transport's
+    wait loop with a receive pending (rank 1 of a two-rank `pair`, rank 0 sends late). `polls`: the
+    profiled group's (`ShmTransport.spin_polls`: fewer where ranks outnumber cores)."""
     buf = np.zeros(SMALL_BYTES, np.uint8)
     channel = pair.channel("colls tune spin", timeout=120)
     poll = getattr(pair.transport, "progress", lambda: False)
@@ -259,9 +260,9 @@ def spin_seconds(pair: Communicator, rounds: int = 100) -> float:
         pair.barrier()
         if pair.rank == 1:
             receive = channel.recv(buf, 0)
-            backoff = Backoff()
+            backoff = Backoff(polls)
             start = time.perf_counter()
-            for _ in range(Backoff.SPIN_POLLS - 1):   # what wait_all does on each turn
+            for _ in range(polls - 1):   # what wait_all does on each turn
                 poll()
                 if receive.done:   # cannot be: rank 0 sends after the next barrier
                     break
@@ -276,9 +277,10 @@ def spin_seconds(pair: Communicator, rounds: int = 100) -> float:
     return statistics.median(slowest(pair, times))
 
 
-def one_slot_spin_seconds(pair: Communicator, rounds: int = 100) -> float:
-    """How long a rank waiting in a sendrecv polls before it yields its core: `Backoff.SPIN_POLLS`
-    turns of the shm one-slot receive's loop (`ShmTransport._receive_now`: read the FIFO's head,
+def one_slot_spin_seconds(pair: Communicator, polls: int = Backoff.SPIN_POLLS,
+                          rounds: int = 100) -> float:
+    """How long a rank waiting in a sendrecv polls before it yields its core: `polls` turns of
+    the shm one-slot receive's loop (`ShmTransport._receive_now`: read the FIFO's head,
     check for other messages in flight) on rank 1 of a two-rank `pair`; 0 on a transport without it."""
     transport = pair.transport
     inbound = getattr(transport, "inbound", None)
@@ -287,13 +289,13 @@ def one_slot_spin_seconds(pair: Communicator, rounds: int = 100) -> float:
     ctl, tail = inbound[0].ctl, transport.read_tail[0]
     times, landed = [], 0
     for _ in range(rounds):
-        polls = 0
+        turns = 0
         start = time.perf_counter()
-        while polls < Backoff.SPIN_POLLS:   # the loop's test, read but not obeyed (rank 0 may send)
+        while turns < polls:   # the loop's test, read but not obeyed (rank 0 may send)
             landed += ctl[0] > tail
             if transport.active_out or transport.active_in:
                 transport.progress()
-            polls += 1
+            turns += 1
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
 
@@ -396,10 +398,11 @@ def fresh_seconds_per_byte(nbytes: int) -> float:
     return max(0.0, statistics.median(fresh_times) - statistics.median(warm_times)) / nbytes
 
 
-def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], cores: int) -> tuple:
+def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], cores: int,
+                  polls: int) -> tuple:
     """`profile`'s measurements between ranks 0 and 1, each pinned to a core of its own (put back
     before the wake-ups, which share one): (message_s, the exchange tables, message_written_s,
-    send_s, the scalar terms)."""
+    send_s, the scalar terms). `polls`: the whole group's spin before a yield (`spin_seconds`)."""
     def share(value: int) -> int:
         return int(pair.broadcast(np.array([value]), root=0)[0])
 
@@ -446,8 +449,8 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True, fence=fence)
                                - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
-        spin = spin_seconds(pair)
-        one_slot_spin = one_slot_spin_seconds(pair)
+        spin = spin_seconds(pair, polls)
+        one_slot_spin = one_slot_spin_seconds(pair, polls)
         mode_after = link.mode() if link is not None else (None, None)
     finally:
         if link is not None:
@@ -492,7 +495,8 @@ def profile(comm: Communicator) -> dict:
         fence = None
         try:
             fence = pair.split(0)
-            message, exchanges, written, send, extra = _pair_profile(pair, fence, allowed, cores)
+            message, exchanges, written, send, extra = _pair_profile(
+                pair, fence, allowed, cores, getattr(comm.transport, "spin_polls", Backoff.SPIN_POLLS))
         finally:
             if fence is not None:
                 fence.close()

@@ -369,3 +369,25 @@ def test_with_more_ranks_than_cores_slow_copies_into_slots_change_nothing(monkey
         assert right
         assert not slow_now
         assert attached == 0, attached   # 512 KiB: below the FIFO's threshold, so through the slots
+
+
+def _spin_polls(comm) -> int:
+    return comm.transport.spin_polls
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_rank_yields_sooner_where_ranks_outnumber_cores(monkeypatch):
+    from transports.base import Backoff
+    from transports.shm import OVERSUBSCRIBED_SPIN_POLLS
+
+    assert OVERSUBSCRIBED_SPIN_POLLS < Backoff.SPIN_POLLS
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert colls.spawn(_spin_polls, 2, transport="shm", timeout=50) == [Backoff.SPIN_POLLS] * 2
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(kept)})   # two ranks on one core
+    try:
+        assert colls.spawn(_spin_polls, 2, transport="shm", timeout=50) == [OVERSUBSCRIBED_SPIN_POLLS] * 2
+        monkeypatch.setenv("COLLS_SHM_SPIN_POLLS", "7")
+        assert colls.spawn(_spin_polls, 2, transport="shm", timeout=50) == [7, 7]
+    finally:
+        os.sched_setaffinity(0, kept)

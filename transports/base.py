@@ -371,13 +371,14 @@ class Backoff:
     a sleep costs at least the kernel's timer slack (~50 us), a yield hands the core straight to a
     peer that has work. Only a long wait (a slow or dead peer) falls back to real sleeps."""
 
-    __slots__ = ("polls", "sleep_s", "yield_until")
+    __slots__ = ("polls", "sleep_s", "spin", "yield_until")
 
     SPIN_POLLS = 50
     YIELD_SECONDS = 0.05
     MAX_SLEEP_S = 0.001
 
-    def __init__(self) -> None:
+    def __init__(self, spin: int = SPIN_POLLS) -> None:
+        self.spin = spin   # polls before the first yield
         self.reset()
 
     def reset(self) -> None:
@@ -389,9 +390,9 @@ class Backoff:
     def pause(self) -> None:
         """Wait a little before the next poll."""
         self.polls += 1
-        if self.polls < self.SPIN_POLLS:
+        if self.polls < self.spin:
             return
-        if self.polls == self.SPIN_POLLS:
+        if self.polls == self.spin:
             self.yield_until = time.monotonic() + self.YIELD_SECONDS
         if time.monotonic() < self.yield_until:
             os.sched_yield()

@@ -89,6 +89,12 @@ SLOW_WINDOW, SLOW_OF = 8, 5
 SLOW_HOLD_S = 0.5
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = env_number("COLLS_SHM_HELP_BYTES", 1 << 20)   # see ShmTransport._ask_help
+# A waiting rank's polls before it first yields when ranks outnumber cores (else `Backoff.SPIN_POLLS`,
+# 50: 25-34 us of the general wait's polls, during which a peer sharing the core cannot run). 4 ranks
+# on 2 cores, 16 B, slowest rank's median of 300 (us; 50 / 5 polls; MPI 21-29): reduce_scatter
+# recursive_halving 198 / 131-140, all_to_all direct 236-239 / 114-119, reduce ring 232 / 108-128,
+# all_reduce tree 310-313 / 191-227, recursive_doubling 57-58 / 53-54 (`COLLS_SHM_SPIN_POLLS` sets it)
+OVERSUBSCRIBED_SPIN_POLLS = 5
 ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its message before it posts one
 
 
@@ -324,6 +330,10 @@ class ShmTransport(Transport):
         # than the thresholds lately (`begin_call`): with COLLS_SHM_ADAPTIVE=1, where every rank has
         # a core (a pull needs its receiver to run)
         own_cores = size <= len(os.sched_getaffinity(0))   # every rank can have a core of its own
+        # polls a waiting rank makes before it first yields its core: with more ranks than cores the
+        # rank it waits for may share its core (OVERSUBSCRIBED_SPIN_POLLS)
+        self.spin_polls = env_number("COLLS_SHM_SPIN_POLLS",
+                                     Backoff.SPIN_POLLS if own_cores else OVERSUBSCRIBED_SPIN_POLLS)
         self.adapting = own_cores and self.cma and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1"
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size,
                                                                     slots_first=self.adapting)
@@ -572,7 +582,7 @@ class ShmTransport(Transport):
         n = count * dtype.itemsize
         if not 0 < n <= self.chunk or n >= self.rendezvous_bytes or peer == self.rank or dtype.hasobject:
             return general
-        chunk, slots, spin = self.chunk, self.slots, Backoff.SPIN_POLLS
+        chunk, slots, spin = self.chunk, self.slots, self.spin_polls
         outbound, inbound = self.outbound[peer], self.inbound[peer]
         outgoing = [np.frombuffer(outbound.raw, dtype, count, slot * chunk) for slot in range(slots)]
         incoming = [np.frombuffer(inbound.raw, dtype, count, slot * chunk) for slot in range(slots)]
@@ -714,7 +724,7 @@ class ShmTransport(Transport):
                 if self.active_out or self.active_in:
                     self.progress()
                 polls += 1
-                if polls >= Backoff.SPIN_POLLS:
+                if polls >= self.spin_polls:
                     if polls >= ONE_SLOT_POLLS:
                         if request is None:
                             return False
@@ -755,7 +765,7 @@ class ShmTransport(Transport):
             if self.active_out or self.active_in:
                 self.progress()            # keep my other messages moving, as wait_all would
             polls += 1
-            if polls >= Backoff.SPIN_POLLS:
+            if polls >= self.spin_polls:
                 if polls >= ONE_SLOT_POLLS:
                     return False           # a slow peer: the general path waits with deadlines
                 os.sched_yield()           # ranks may outnumber cores: let the sender run
@@ -1098,7 +1108,7 @@ class ShmTransport(Transport):
                 break
         else:
             return
-        backoff = Backoff()
+        backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
         while True:
             if self.progress():
