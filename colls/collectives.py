@@ -165,11 +165,18 @@ class Collectives:
                        timeout: float | None = None) -> Result:
         """Reduce `x` over all ranks and give rank i block i of axis 0 (size equal blocks)."""
         check = self._check
+        planned = self._run_planned_reduce_scatter(x, op, out, algorithm, async_op, timeout)
+        if planned is not None:   # a signature seen before: see `Plan`
+            return planned
+        given = op
         x = check.rows("reduce_scatter", check.array("reduce_scatter", x))
         rows = check.divisible("reduce_scatter", x)
         op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
+        if algorithm is None and algo.name != "hierarchical" and type(x) is np.ndarray:
+            check.keep_reduce_scatter_plan(given, Plan("reduce_scatter", op, algo, x.shape, x.dtype,
+                                                       self.name, out_shape=shape))
         # most schedules fold partial sums into their input buffer, so they work on a copy (in the
         # communicator's scratch, made in the body); one that only reads it is given `x` itself
         # (unless the output overlaps it)

@@ -192,6 +192,45 @@ class Communicator(Collectives):
             self._broken(plan.description(), error)
             raise
 
+    def _run_planned_reduce_scatter(self, x: object, op: object, out: object, algorithm: str | None,
+                                    async_op: bool, timeout: float | None) -> np.ndarray | None:
+        """A blocking reduce_scatter whose signature (op as given, dtype, shape) a call before it
+        planned, run on that plan; None: the full path (as `_run_planned_blocks`, and an `out` that
+        may overlap `x`). 2 ranks, 8 B-4 KiB: 12.5-14.0 us through the full checks, MPI 3.6-5.0."""
+        if algorithm is not None or async_op or type(x) is not np.ndarray:
+            return None
+        try:
+            plan = self._check.block_plans.get(("reduce_scatter", op, x.dtype, x.shape))
+        except TypeError:   # an unhashable op: the full checks name it
+            return None
+        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
+                or self.closed):
+            return None
+        if out is None:
+            work = np.empty(plan.out_shape, x.dtype)
+        elif (type(out) is np.ndarray and out.shape == plan.out_shape and out.dtype == x.dtype
+              and out.flags.c_contiguous and out.flags.writeable and not np.may_share_memory(x, out)):
+            work = out
+        else:
+            return None
+        flat = work if work.ndim == 1 else work.reshape(-1)
+        algorithm, op = plan.algorithm, plan.op
+        channel = self._aim_plan(plan, timeout)
+        with self._executor.lock:
+            source = x.reshape(-1) if algorithm.reads_input_only else self._scratch(x)
+            try:
+                if x.nbytes < CHOOSE_BYTES:
+                    algorithm.run(channel, source, flat, op)
+                else:
+                    self._choosing(("reduce_scatter", algorithm.name, x.nbytes), algorithm.run, channel,
+                                   source, flat, op)
+            except BaseException as error:
+                self._broken(plan.description(), error)
+                raise
+        if op.finishes:
+            op.finish(flat, self.size)
+        return work
+
     def _run_planned_broadcast(self, x: object, root: object, out: object, algorithm: str | None,
                                async_op: bool, timeout: float | None) -> np.ndarray | None:
         """A blocking broadcast whose signature (dtype, shape, root) a call before it planned, run

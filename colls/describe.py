@@ -72,8 +72,9 @@ class Description:
 class Plan:
     """What the checks of one call signature concluded: for a small all_reduce (op, dtype, shape)
     the operator and the algorithm, for an all_gather or all_to_all (dtype, shape) the algorithm and
-    the output's shape. A later call with the same signature is checked only for what can differ
-    between calls (its buffers' layout) and runs in line: MPI-4's persistent collectives
+    the output's shape, for a reduce_scatter (op, dtype, shape) all three. A later call with the
+    same signature is checked only for what can differ between calls (its buffers' layout) and runs
+    in line: MPI-4's persistent collectives
     (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls whose cost is the library's
     own software."""
 
@@ -125,7 +126,8 @@ class Validator:
         self.selector = selector
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
         self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
-        self.block_plans: dict[tuple, Plan] = {}   # (collective, dtype, shape): all_gather, all_to_all
+        # (collective, dtype, shape): all_gather, all_to_all; ("reduce_scatter", op, dtype, shape)
+        self.block_plans: dict[tuple, Plan] = {}
         self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root)
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
@@ -255,6 +257,14 @@ class Validator:
             if len(self.plans) > 4096:
                 self.plans.clear()
             self.plans[signature] = plan
+
+    def keep_reduce_scatter_plan(self, op: object, plan: Plan) -> None:
+        """Remember `plan` for reduce_scatter calls of (op as given, dtype, shape), if the op is a
+        name or a built-in one (as `keep_plan`)."""
+        if fixed_op(op):
+            if len(self.block_plans) > 4096:
+                self.block_plans.clear()
+            self.block_plans["reduce_scatter", op, plan.dtype, plan.shape] = plan
 
     def keep_block_plan(self, plan: Plan) -> None:
         """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape), or

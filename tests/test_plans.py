@@ -59,7 +59,8 @@ def test_a_user_op_is_not_planned():
         op = colls.Op(np.add, commutative=True)
         for _ in range(3):
             comm.all_reduce(np.ones(2), op=op)
-        return len(comm._check.plans)
+            comm.reduce_scatter(np.ones(2), op=op)
+        return len(comm._check.plans) + len(comm._check.block_plans)
 
     assert colls.spawn(body, 2, transport="local") == [0, 0]
 
@@ -78,7 +79,8 @@ def _second_call_alone(comm, collective: str) -> str | None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("collective,label", [("all_reduce", "(recursive_doubling, 4 x float64, SUM)"),
-                                              ("all_to_all", "(pairwise, 4 x float64)")])
+                                              ("all_to_all", "(pairwise, 4 x float64)"),
+                                              ("reduce_scatter", "(ring, 4 x float64, SUM)")])
 def test_a_planned_call_names_itself_in_a_timeout(transport, collective, label):
     message = colls.spawn(_second_call_alone, 2, transport=transport, args=(collective,), timeout=10.0)[0]
     assert f"{collective} #1 {label}" in message and "rank 0" in message, message
@@ -200,6 +202,39 @@ def _blocks_every_kind_of_buffer(comm) -> list[bool]:
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_blocks_every_kind_of_buffer, size, transport)
+
+
+def _reduce_scatter_every_kind_of_buffer(comm) -> list[bool]:
+    """reduce_scatter of one signature, twice each, with each kind of `out` and two ops."""
+    n = comm.size
+    x = np.arange(2 * n * 3, dtype=np.int32).reshape(2 * n, 3) * (comm.rank + 1)
+    everyone = [np.arange(2 * n * 3, dtype=np.int32).reshape(2 * n, 3) * (r + 1) for r in range(n)]
+    mine = slice(2 * comm.rank, 2 * comm.rank + 2)
+    summed, largest = np.sum(everyone, axis=0)[mine], np.max(everyone, axis=0)[mine]
+    kept = x.copy()
+    ok = []
+    for _ in range(2):
+        ok.append(np.array_equal(comm.reduce_scatter(x), summed))
+        out = np.full(summed.shape, -1, np.int32)
+        ok.append(comm.reduce_scatter(x, out=out) is out and np.array_equal(out, summed))
+        ok.append(np.array_equal(comm.reduce_scatter(x, op="max"), largest))
+        strided = np.full((2, 6), -1, np.int32)[:, ::2]                      # the full path copies back
+        ok.append(comm.reduce_scatter(x, out=strided) is strided and np.array_equal(strided, summed))
+        y = x.copy()
+        inside = y[:2]                                                       # out over x
+        ok.append(comm.reduce_scatter(y, out=inside) is inside and np.array_equal(inside, summed))
+        ok.append(np.array_equal(x, kept))                                  # x left alone
+        with pytest.raises(colls.InvalidArgument, match="shape"):
+            comm.reduce_scatter(x, out=np.empty((3, 3), np.int32))          # a wrong out: named
+    ok.append(comm.stats()["reduce_scatter"]["calls"] == 10)
+    ok.append(sum(key[0] == "reduce_scatter" for key in comm._check.block_plans) == 2)
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_planned_reduce_scatters_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+    _every_check_holds(_reduce_scatter_every_kind_of_buffer, size, transport)
 
 
 def _every_check_holds(fn, size: int, transport: str) -> None:
