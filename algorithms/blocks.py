@@ -94,7 +94,23 @@ class BlockSchedule(NamedTuple):
 
 
 def run_block_schedule(channel, send, out, schedule: BlockSchedule) -> None:
-    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`."""
-    out[schedule.copy_to] = send[schedule.copy_from]
-    for dst, from_out, outgoing, src, incoming in schedule.steps:
+    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`.
+
+    Where the transport splits an exchange and the first step sends from `send`, that send is
+    posted before the copy, so the peer starts on it meanwhile. 2 ranks, shm, all_to_all, the
+    slower rank's median of 200 (us): 1 MiB 57.0-58.0 against 59.0-60.5, 4 MiB 200.8-222.9 against
+    228.9-261.8 (`/tmp/s6/a2d.py`, 2026-12-05)."""
+    steps = iter(schedule.steps)
+    first = next(steps, None) if channel.transport.splits_exchanges else None
+    if first is not None and not first[1]:
+        dst, _, outgoing, src, incoming = first
+        sent = channel.exchange_post(send[outgoing], dst)
+        out[schedule.copy_to] = send[schedule.copy_from]
+        channel.exchange_finish(sent, send[outgoing], dst, out[incoming], src)
+    else:
+        out[schedule.copy_to] = send[schedule.copy_from]
+        if first is not None:
+            dst, from_out, outgoing, src, incoming = first
+            channel.exchange((out if from_out else send)[outgoing], dst, out[incoming], src)
+    for dst, from_out, outgoing, src, incoming in steps:
         channel.exchange((out if from_out else send)[outgoing], dst, out[incoming], src)

@@ -46,6 +46,38 @@ def test_sendrecv_swaps_and_reduces_at_every_size(transport, nbytes):
         assert total == (2 * np.arange(count) + 1000).tolist()
 
 
+def _split_pairs(comm, nbytes: int) -> list:
+    """Both ranks swap `nbytes` of int32 as a posted send, other work, then the receive
+    (`sendrecv_post`, `sendrecv_finish`), plain and reduced; the send buffer is changed between
+    the two calls' pairs only. Each returns what it got, and the reads its sends asked for."""
+    transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
+    count = nbytes // 4
+    mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    got = np.full(count, -1, np.int32)
+    before = transport.rendezvous_posted[peer]
+    sent = transport.sendrecv_post(mine, peer, TAG)
+    busy = np.ones(1 << 18, np.float32).sum()   # my own work while the peer starts on my message
+    transport.sendrecv_finish(sent, got, peer, TAG, deadline)
+    total = np.full(count, 5, np.int32)
+    sent = transport.sendrecv_post(mine, peer, TAG, reducing=True)
+    transport.sendrecv_finish(sent, total, peer, TAG, deadline, SUM.into_left)
+    posted = transport.rendezvous_posted[peer] - before
+    return [got.tolist(), total.tolist(), posted, bool(busy) and transport.cma]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nbytes,reads", [(8, 0), (CHUNK + 4, 0), (8 << 20, 1)])
+def test_a_sendrecv_split_in_two_swaps_and_reduces_as_one(nbytes, reads):
+    # (`run_block_schedule` posts its first send before the own block's copy: `Transport.splits_exchanges`)
+    for rank, (got, total, posted, cma) in enumerate(colls.spawn(_split_pairs, 2, transport="shm",
+                                                                  args=(nbytes,), timeout=40)):
+        theirs = np.arange(nbytes // 4, dtype=np.int32) + 1000 * (1 - rank)
+        assert got == theirs.tolist()
+        assert total == (theirs + 5).tolist()
+        assert posted == (reads if cma else 0)   # 8 MiB: one read by cross-memory attach, the sum's
+        # by the slots (a reducing exchange goes by attach from 16 MiB)
+
+
 def _behind_another_tag(comm):
     """Rank 1 sends a message with another tag first; rank 0's sendrecv must skip past it (that
     message waits for its own receive) and the later receive must still get it."""

@@ -103,6 +103,23 @@ class Transport(ABC):
                    else self.irecv_reduce(recv_buf, src, tag, reducer))
         self.wait_all([send, receive], deadline)
 
+    # whether `sendrecv_post` and `sendrecv_finish` split a sendrecv in two, so that a schedule can
+    # do its own work between them while the peer starts on the message (shm)
+    splits_exchanges = False
+
+    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int,
+                      reducing: bool = False) -> Request | None:
+        """A sendrecv's send, posted now by the sendrecv's protocol (`reducing`: its receive will
+        be a reduction); `sendrecv_finish` makes the receive and waits. None: the send is done."""
+        return self.isend(send_buf, dst, tag)
+
+    def sendrecv_finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
+                        reducer: Reducer | None = None) -> None:
+        """The rest of the sendrecv whose send `sendrecv_post` gave: its receive, and both waited for."""
+        receive = (self.irecv(recv_buf, src, tag) if reducer is None
+                   else self.irecv_reduce(recv_buf, src, tag, reducer))
+        self.wait_all([receive] if send is None else [send, receive], deadline)
+
     def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
                          reducer: Reducer | None = None,
                          scratch: np.ndarray | None = None) -> np.ndarray | None:
@@ -269,6 +286,21 @@ class Channel:
         self._count_exchanged(send_buf.nbytes, dst, recv_buf.nbytes, src)
         try:
             self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
+        except CollectiveTimeout as error:
+            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def exchange_post(self, send_buf: np.ndarray, dst: int) -> Request | None:
+        """`exchange`'s send alone, posted now, for a plain exchange that `exchange_finish` completes
+        after other work (on a transport that `splits_exchanges`)."""
+        return self.transport.sendrecv_post(send_buf, dst, self.tag)
+
+    def exchange_finish(self, sent: Request | None, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray,
+                        src: int) -> None:
+        """The receive of the exchange whose send `exchange_post` gave (`send_buf` to `dst`), and
+        the wait for both."""
+        self._count_exchanged(send_buf.nbytes, dst, recv_buf.nbytes, src)
+        try:
+            self.transport.sendrecv_finish(sent, recv_buf, src, self.tag, self.deadline)
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 

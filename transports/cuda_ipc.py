@@ -265,6 +265,17 @@ class CudaIpcTransport(ShmTransport):
             return super().sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
         return Transport.sendrecv(self, send_buf, dst, recv_buf, src, tag, deadline, reducer)
 
+    def sendrecv_post(self, send_buf, dst: int, tag: int, reducing: bool = False) -> Request | None:
+        if type(send_buf) is np.ndarray:
+            return super().sendrecv_post(send_buf, dst, tag, reducing)
+        return Transport.sendrecv_post(self, send_buf, dst, tag, reducing)
+
+    def sendrecv_finish(self, send: Request | None, recv_buf, src: int, tag: int, deadline: float,
+                        reducer: Reducer | None = None) -> None:
+        if type(recv_buf) is np.ndarray:
+            return super().sendrecv_finish(send, recv_buf, src, tag, deadline, reducer)
+        return Transport.sendrecv_finish(self, send, recv_buf, src, tag, deadline, reducer)
+
     def sendrecv_replace(self, buf, dst: int, src: int, tag: int, deadline: float,
                          reducer: Reducer | None = None, scratch=None):
         if type(buf) is np.ndarray:

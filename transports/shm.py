@@ -511,6 +511,8 @@ class ShmTransport(Transport):
         if taken is not True:   # not begun (false), or begun and waiting for its last pieces
             self.wait_all([taken or self._post(_In(peer, tag, buf, reducer))], deadline)
 
+    splits_exchanges = True
+
     def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
                  deadline: float, reducer: Reducer | None = None) -> None:
         """A message below the rendezvous size, to or from an idle FIFO, goes without a request: the
@@ -518,14 +520,21 @@ class ShmTransport(Transport):
         land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
         requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
         messages, another tag first) takes the general path."""
-        check_buffer(send_buf, "shm send")
         check_buffer(recv_buf, "shm receive")
+        self.sendrecv_finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None),
+                             recv_buf, src, tag, deadline, reducer)
+
+    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int,
+                      reducing: bool = False) -> Request | None:
+        """`sendrecv`'s send: by the exchange thresholds, written into the slots now (None) or
+        posted as a request."""
+        check_buffer(send_buf, "shm send")
         n = send_buf.nbytes
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
-        if n >= self.attach_from or (n >= (SLOW_FROM_BYTES if reducer is None else SLOW_REDUCE_FROM_BYTES)
+        if n >= self.attach_from or (n >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)
                                      and self._slots_slow()):
             rendezvous = True   # this kind of call goes by cross-memory attach (`begin_call`), or slow slots
-        elif reducer is not None:
+        elif reducing:
             rendezvous = n >= self.reduce_exchange_rendezvous_bytes
         else:
             rendezvous = n >= self.exchange_rendezvous_bytes or (n >= self.exchange_huge_bytes
@@ -540,9 +549,12 @@ class ShmTransport(Transport):
                 rendezvous = not (start < high and low < start + n)
         region = self._registered(send_buf)
         if not rendezvous and region is None and self._send_now(send_buf, dst, tag):
-            send = None
-        else:
-            send = self._isend(send_buf, dst, tag, rendezvous, region)
+            return None
+        return self._isend(send_buf, dst, tag, rendezvous, region)
+
+    def sendrecv_finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
+                        reducer: Reducer | None = None) -> None:
+        """`sendrecv`'s receive, straight out of the slots or the sender where it can, and the wait."""
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
