@@ -44,6 +44,9 @@ class Communicator(Collectives):
     def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world",
                  layout: Layout | None = None) -> None:
         self.transport = transport
+        # blocking calls from this size go between the transport's `begin_call` and `end_call`
+        # (`_choosing`), where it chooses ways at all: 1-1.5 us a call otherwise spent for nothing
+        self._choose_from = CHOOSE_BYTES if transport.adapting else 1 << 62
         self.rank = transport.rank
         self.size = transport.size
         self.name = name
@@ -89,7 +92,7 @@ class Communicator(Collectives):
             return executor.run(description, async_op, self._job, body, description, seq, deadline_s,
                                 traffic, nbytes)
         with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
-            if nbytes < CHOOSE_BYTES or collective not in CHOOSING:
+            if nbytes < self._choose_from or collective not in CHOOSING:
                 return self._job(body, description, seq, deadline_s, traffic, nbytes)
             return self._choosing((collective, algorithm, nbytes), self._job, body, description, seq,
                                   deadline_s, traffic, nbytes)
@@ -172,7 +175,7 @@ class Communicator(Collectives):
         with self._executor.lock:
             if send is None:
                 send = self._scratch(x)
-            if x.nbytes < CHOOSE_BYTES:
+            if x.nbytes < self._choose_from:
                 self._run_blocks(plan, channel, send, work)
             else:
                 self._choosing((collective, plan.algorithm.name, x.nbytes), self._run_blocks, plan, channel,
@@ -219,7 +222,7 @@ class Communicator(Collectives):
         with self._executor.lock:
             source = x.reshape(-1) if algorithm.reads_input_only else self._scratch(x)
             try:
-                if x.nbytes < CHOOSE_BYTES:
+                if x.nbytes < self._choose_from:
                     algorithm.run(channel, source, flat, op)
                 else:
                     self._choosing(("reduce_scatter", algorithm.name, x.nbytes), algorithm.run, channel,

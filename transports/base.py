@@ -150,6 +150,8 @@ class Transport(ABC):
 
         return run
 
+    adapting = False   # whether `begin_call` chooses anything (shm with COLLS_SHM_ADAPTIVE=1)
+
     def begin_call(self, kind: Hashable) -> None:
         """A blocking collective call of `kind` begins; every rank of the group makes it, in the same
         order. A transport with two ways to move the call's messages may pick one for the whole
