@@ -118,6 +118,11 @@ def _forget(region: Region) -> None:
             del _bases[at], _regions[at]
 
 
+def held() -> bool:
+    """Whether this process holds any registered region at all."""
+    return bool(_bases)
+
+
 def region_of(address: int, nbytes: int) -> Region | None:
     """The registered region that holds the `nbytes` at `address` whole, if one does."""
     if not _bases:

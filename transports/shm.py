@@ -661,7 +661,7 @@ class ShmTransport(Transport):
     def _registered(self, buf: np.ndarray) -> registered.Region | None:
         """The registered region `buf` lies in, if it is big enough to go so and peers can map it."""
         n = buf.nbytes
-        if n < MAPPED_BYTES or not self.mappable:
+        if n < MAPPED_BYTES or not self.mappable or not registered.held():   # (no address wanted then)
             return None
         return registered.region_of(cma.address_of(buf), n)
 
