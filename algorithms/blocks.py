@@ -93,6 +93,15 @@ class BlockSchedule(NamedTuple):
     steps: tuple[tuple[int, bool, slice, int, slice], ...]
 
 
+def run_persistent_block_schedule(send, out, schedule: BlockSchedule, exchanges: tuple) -> None:
+    """`run_block_schedule` with each step's exchange made persistent once (`exchanges`, one per
+    step, `Channel.persistent_exchange(...)(outgoing, into)`): a small planned call's exchanges
+    take no checks and no views (2 ranks, 8 B all_gather: see `colls.describe.Plan`)."""
+    out[schedule.copy_to] = send[schedule.copy_from]
+    for (_, from_out, outgoing, _, incoming), exchange in zip(schedule.steps, exchanges, strict=True):
+        exchange((out if from_out else send)[outgoing], out[incoming])
+
+
 def run_block_schedule(channel, send, out, schedule: BlockSchedule) -> None:
     """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`.
 

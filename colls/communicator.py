@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 
 from algorithms import faults
-from algorithms.blocks import run_block_schedule
+from algorithms.blocks import run_block_schedule, run_persistent_block_schedule
 from transports import registered
 from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport, env_number
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import fingerprint
 from .collectives import Collectives, Result, apart_from
-from .describe import Description, Plan, Validator
+from .describe import PLAN_BYTES, Description, Plan, Validator
 from .device import is_cupy
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
@@ -188,6 +188,10 @@ class Communicator(Collectives):
         try:
             if schedule is None:
                 plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
+            elif plan.exchanges is not None:   # and those exchanges made persistent
+                run_persistent_block_schedule(send if send.ndim == 1 else send.reshape(-1),
+                                              work if work.ndim == 1 else work.reshape(-1), schedule,
+                                              plan.exchanges)
             else:   # the algorithm's copy and exchanges, worked out when the plan was made
                 run_block_schedule(channel, send if send.ndim == 1 else send.reshape(-1),
                                    work if work.ndim == 1 else work.reshape(-1), schedule)
@@ -269,8 +273,15 @@ class Communicator(Collectives):
         if (forced is None and algorithm.name != "hierarchical"
                 and (collective, x.dtype, x.shape) not in self._check.block_plans):
             schedule = algorithm.schedule and algorithm.schedule(self.rank, self.size, x.size)
+            exchanges = None
+            if (schedule is not None and x.nbytes <= PLAN_BYTES and type(x) is np.ndarray
+                    and all(dst == src for dst, _, _, src, _ in schedule.steps)):
+                # each step's exchange made persistent: a small call's cost is its software
+                exchanges = tuple(self._channel.persistent_exchange(x.dtype, incoming.stop - incoming.start,
+                                                                    src)
+                                  for _, _, _, src, incoming in schedule.steps)
             self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
-                                             out_shape=out_shape, schedule=schedule))
+                                             exchanges, out_shape=out_shape, schedule=schedule))
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""

@@ -92,7 +92,9 @@ class Plan:
         self.dtype = dtype
         self.group = group
         # all_reduce: the algorithm as in-place exchanges, if only that: (partner, its exchange made
-        # persistent, `Channel.persistent_exchange`) per step
+        # persistent, `Channel.persistent_exchange`) per step. A small all_gather or all_to_all whose
+        # every step sends to the peer it receives from: each step's exchange made persistent
+        # (`run_persistent_block_schedule`)
         self.exchanges = exchanges
         self.schedule = schedule     # all_gather, all_to_all: its copy and exchanges, if only that
         self.out_shape = shape if out_shape is None else out_shape

@@ -237,6 +237,39 @@ def test_planned_reduce_scatters_give_numpys_answer_for_every_kind_of_buffer(tra
     _every_check_holds(_reduce_scatter_every_kind_of_buffer, size, transport)
 
 
+def _persistent_blocks_with_late_peers(comm, calls: int) -> tuple:
+    """Planned small all_gathers and all_to_alls, one rank or another late to some (so a persistent
+    exchange gives up its short spin and waits the general way): each result against numpy's, and
+    whether each plan holds its steps' exchanges made persistent."""
+    rng = np.random.default_rng(11)   # the same draws on every rank
+    n, ok = comm.size, []
+    for call in range(calls):
+        x = np.arange(2 * n, dtype=np.int64) + 100 * comm.rank + call
+        everyone = [np.arange(2 * n, dtype=np.int64) + 100 * r + call for r in range(n)]
+        late = rng.integers(-1, n)   # -1: nobody
+        if comm.rank == late:
+            time.sleep(0.01 + 0.01 * rng.random())
+        ok.append(np.array_equal(comm.all_gather(x), np.concatenate(everyone)))
+        ok.append(np.array_equal(comm.all_to_all(x), np.concatenate([e[2 * comm.rank:2 * comm.rank + 2]
+                                                                     for e in everyone])))
+    plans = comm._check.block_plans
+    held = [plans[c, np.dtype(np.int64), (2 * n,)].exchanges is not None
+            for c in ("all_gather", "all_to_all")]
+    return ok, held
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size,held", [(2, [True, True]), (4, [True, False])])
+def test_small_planned_block_schedules_exchange_persistently_and_right(transport, size, held, monkeypatch):
+    # recursive doubling's partners are paired at every step; pairwise's only at 2 ranks
+    monkeypatch.setenv("COLLS_ALGO", "all_gather:recursive_doubling;all_to_all:pairwise")
+    for rank, (ok, planned) in enumerate(colls.spawn(_persistent_blocks_with_late_peers, size,
+                                                     transport=transport, args=(40,), timeout=90)):
+        assert all(ok), (rank, [call for call, good in enumerate(ok) if not good])
+        assert planned == held
+
+
 def _every_check_holds(fn, size: int, transport: str) -> None:
     """Run `fn` (a list of checks per rank) on `size` ranks; every check of every rank must hold."""
     for rank, checks in enumerate(colls.spawn(fn, size, transport=transport, timeout=60)):

@@ -136,17 +136,21 @@ class Transport(ABC):
         return scratch
 
     def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
-                            reducer: Reducer | None) -> Callable[[np.ndarray, int, float], None]:
+                            reducer: Reducer | None) -> Callable[..., None]:
         """`sendrecv_replace(buf, peer, peer, tag, deadline, reducer)` for every buffer of `count`
         elements of `dtype`, set up once and run on each call as `run(buf, tag, deadline)`:
-        MPI_Send_init and MPI_Recv_init in one, for a planned small all_reduce (`colls.describe.Plan`),
-        whose cost is software. A transport may work out its copies here instead of on every call
-        (shm: views of its slots); by default it keeps one scratch buffer."""
+        MPI_Send_init and MPI_Recv_init in one, for a planned small all_reduce or block schedule
+        (`colls.describe.Plan`), whose cost is software; `run(buf, tag, deadline, into)` receives
+        into `into` instead (`sendrecv`). A transport may work out its copies here instead of on
+        every call (shm: views of its slots); by default it keeps one scratch buffer."""
         scratch = None
 
-        def run(buf: np.ndarray, tag: int, deadline: float) -> None:
+        def run(buf: np.ndarray, tag: int, deadline: float, into: np.ndarray | None = None) -> None:
             nonlocal scratch
-            scratch = self.sendrecv_replace(buf, peer, peer, tag, deadline, reducer, scratch)
+            if into is not None:
+                self.sendrecv(buf, peer, into, peer, tag, deadline, reducer)
+            else:
+                scratch = self.sendrecv_replace(buf, peer, peer, tag, deadline, reducer, scratch)
 
         return run
 
@@ -323,14 +327,15 @@ class Channel:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 
     def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
-                            reducer: Reducer | None = None) -> Callable[[np.ndarray], None]:
+                            reducer: Reducer | None = None) -> Callable[..., None]:
         """`exchange_replace(buf, peer, peer, reducer)` for every buffer of `count` elements of
         `dtype`, set up once (`Transport.persistent_exchange`): `run(buf)` in this channel's call of
-        the moment, counted and named as `exchange_replace` is."""
+        the moment, counted and named as `exchange_replace` is; `run(buf, into)` is `exchange(buf,
+        peer, into, peer, reducer)`."""
         run = self.transport.persistent_exchange(dtype, count, peer, reducer)
         nbytes = count * dtype.itemsize
 
-        def exchange(buf: np.ndarray) -> None:
+        def exchange(buf: np.ndarray, into: np.ndarray | None = None) -> None:
             traffic = self.traffic
             if traffic is not None:   # `_count_exchanged` inline, as `exchange_replace` has it: a frame less
                 traffic.messages_sent[peer] += 1
@@ -338,7 +343,7 @@ class Channel:
                 traffic.messages_received[peer] += 1
                 traffic.bytes_received[peer] += nbytes
             try:
-                run(buf, self.tag, self.deadline)
+                run(buf, self.tag, self.deadline, into)
             except CollectiveTimeout as error:
                 raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 

@@ -585,8 +585,9 @@ class ShmTransport(Transport):
         return scratch
 
     def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
-                            reducer: Reducer | None) -> Callable[[np.ndarray, int, float], None]:
-        """`sendrecv_replace`'s one-slot step with its views of the slots made once: numpy views of
+                            reducer: Reducer | None) -> Callable[..., None]:
+        """`sendrecv_replace`'s one-slot step (`sendrecv`'s, given `into`) with its views of the
+        slots made once: numpy views of
         `count` `dtype`s at each slot of both FIFOs with `peer`, so that a call copies in and out
         of them with no view made, no cast and no checks (the plan checked the buffer). Anything
         the one-slot step would not take goes the general way (`Transport.persistent_exchange`)."""
@@ -602,11 +603,11 @@ class ShmTransport(Transport):
         sends, posted, stashed = self.sends[peer], self.posted[peer], self.stashed[peer]
         current, sent_head, read_tail = self.current, self.sent_head, self.read_tail
 
-        def run(buf: np.ndarray, tag: int, deadline: float) -> None:
+        def run(buf: np.ndarray, tag: int, deadline: float, into: np.ndarray | None = None) -> None:
             head = sent_head[peer]
             if (sends or posted or stashed or current[peer] is not None or n >= self.attach_from
                     or head - out_ctl[8] >= slots):
-                return general(buf, tag, deadline)
+                return general(buf, tag, deadline, into)
             slot = head % slots   # send: as `_send_now`
             field = slot * HEADER_FIELDS
             out_hdr[field] = tag
@@ -616,6 +617,8 @@ class ShmTransport(Transport):
             outgoing[slot][...] = buf
             sent_head[peer] = head + 1
             out_ctl[0] = head + 1
+            if into is not None:
+                buf = into
             tail = read_tail[peer]   # receive: as `_receive_now`
             polls = 0
             while in_ctl[0] <= tail:
