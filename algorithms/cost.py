@@ -45,7 +45,11 @@ def predict(collective: str, name: str, size: int, nbytes: float, machine: Machi
 
     An all_reduce whose schedule works in place first copies its input into the output (one copy,
     β/2 a byte, where a message costs a copy out and one in); one that reads its input where it
-    lies (`takes_source`: the ring) does not.
+    lies (`takes_source`: the ring) does not. Likewise a reduce_scatter that folds into its input
+    works on a copy of it (`Communicator._scratch`), and one that only reads it (`reads_input_only`:
+    pairwise) does not: at 2 ranks, where ring and pairwise make the same one exchange, pairwise
+    is then chosen (a 2 MiB call in the VM's slow state, 2026-12-05: 555-562 us by ring, 0.34x
+    MPI; the target set's tune, which chose pairwise, 108.5 us, 1.71x).
     """
     fn = MODELS.get((collective, name))
     if fn is None:
@@ -54,7 +58,8 @@ def predict(collective: str, name: str, size: int, nbytes: float, machine: Machi
         return 0.0
     seconds = fn(size, float(nbytes), machine)
     algorithm = CATALOGUE.get(collective, {}).get(name)
-    if collective == "all_reduce" and algorithm is not None and not algorithm.takes_source:
+    if algorithm is not None and ((collective == "all_reduce" and not algorithm.takes_source)
+                                  or (collective == "reduce_scatter" and not algorithm.reads_input_only)):
         seconds += nbytes * machine.beta / 2
     return seconds
 
