@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 Result = Any  # the array (or None), or a Work handle when async_op=True
+NOTHING = object()   # a planned call that returns None (a reduce's non-root rank)
 
 
 class Collectives:
@@ -109,10 +110,17 @@ class Collectives:
                timeout: float | None = None) -> Result:
         """Reduce `x` over all ranks onto `root`; the root gets the result, the others None."""
         check = self._check
+        planned = self._run_planned_reduce(x, root, op, out, algorithm, async_op, timeout)
+        if planned is not None:   # a signature seen before: see `Plan`
+            return None if planned is NOTHING else planned
+        as_given = op
         x = check.array("reduce", x)
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
+        if algorithm is None and algo.name != "hierarchical" and type(x) is np.ndarray:
+            check.keep_reduction_plan(("reduce", as_given, x.dtype, x.shape, root),
+                                      Plan("reduce", op, algo, x.shape, x.dtype, self.name, root=root))
         # every rank's buffer is scratch for the tree: the root's is its result (its `out`, filled
         # when the call runs, or a fresh copy); the others' the communicator's scratch
         if self.rank != root:
@@ -175,8 +183,9 @@ class Collectives:
         shape = (rows, *x.shape[1:])
         result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
         if algorithm is None and algo.name != "hierarchical" and type(x) is np.ndarray:
-            check.keep_reduce_scatter_plan(given, Plan("reduce_scatter", op, algo, x.shape, x.dtype,
-                                                       self.name, out_shape=shape))
+            check.keep_reduction_plan(("reduce_scatter", given, x.dtype, x.shape),
+                                      Plan("reduce_scatter", op, algo, x.shape, x.dtype, self.name,
+                                           out_shape=shape))
         # most schedules fold partial sums into their input buffer, so they work on a copy (in the
         # communicator's scratch, made in the body); one that only reads it is given `x` itself
         # (unless the output overlaps it)

@@ -15,7 +15,7 @@ from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport, en
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import fingerprint
-from .collectives import Collectives, Result, apart_from
+from .collectives import NOTHING, Collectives, Result, apart_from
 from .describe import PLAN_BYTES, Description, Plan, Validator
 from .device import is_cupy
 from .executor import Executor, RequestWork
@@ -234,6 +234,49 @@ class Communicator(Collectives):
             except BaseException as error:
                 self._broken(plan.description(), error)
                 raise
+        if op.finishes:
+            op.finish(flat, self.size)
+        return work
+
+    def _run_planned_reduce(self, x: object, root: object, op: object, out: object, algorithm: str | None,
+                            async_op: bool, timeout: float | None) -> object:
+        """A blocking reduce whose signature (op as given, dtype, shape, root) a call before it
+        planned, run on that plan: the root's result, or `NOTHING` on the other ranks; None: the
+        full path (as `_run_planned_blocks`). 2 ranks, 8 B: 8.3-9.1 us through the full checks
+        (MPI 2.8-3.6)."""
+        if algorithm is not None or async_op or type(x) is not np.ndarray or type(root) is not int:
+            return None
+        try:
+            plan = self._check.block_plans.get(("reduce", op, x.dtype, x.shape, root))
+        except TypeError:   # an unhashable op: the full checks name it
+            return None
+        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
+                or self.closed):
+            return None
+        work = None
+        if self.rank == root:
+            if out is None:
+                work = np.empty(x.shape, x.dtype)
+            elif (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
+                  and out.flags.c_contiguous and out.flags.writeable):
+                work = out
+            else:
+                return None
+        algorithm, op = plan.algorithm, plan.op
+        channel = self._aim_plan(plan, timeout)
+        with self._executor.lock:
+            if work is None:
+                flat = self._scratch(x)
+            else:
+                work[...] = x   # (the root reduces into its result: `reduce`)
+                flat = work if work.ndim == 1 else work.reshape(-1)
+            try:
+                algorithm.run(channel, flat, op, root)
+            except BaseException as error:
+                self._broken(plan.description(), error)
+                raise
+        if work is None:
+            return NOTHING
         if op.finishes:
             op.finish(flat, self.size)
         return work

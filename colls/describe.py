@@ -72,7 +72,8 @@ class Description:
 class Plan:
     """What the checks of one call signature concluded: for a small all_reduce (op, dtype, shape)
     the operator and the algorithm, for an all_gather or all_to_all (dtype, shape) the algorithm and
-    the output's shape, for a reduce_scatter (op, dtype, shape) all three. A later call with the
+    the output's shape, for a reduce_scatter (op, dtype, shape) all three, for a reduce (op, dtype,
+    shape, root) the operator and the algorithm. A later call with the
     same signature is checked only for what can differ between calls (its buffers' layout) and runs
     in line: MPI-4's persistent collectives
     (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls whose cost is the library's
@@ -128,7 +129,8 @@ class Validator:
         self.selector = selector
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
         self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
-        # (collective, dtype, shape): all_gather, all_to_all; ("reduce_scatter", op, dtype, shape)
+        # (collective, dtype, shape): all_gather, all_to_all; ("reduce_scatter", op, dtype, shape);
+        # ("reduce", op, dtype, shape, root)
         self.block_plans: dict[tuple, Plan] = {}
         self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root)
 
@@ -260,13 +262,14 @@ class Validator:
                 self.plans.clear()
             self.plans[signature] = plan
 
-    def keep_reduce_scatter_plan(self, op: object, plan: Plan) -> None:
-        """Remember `plan` for reduce_scatter calls of (op as given, dtype, shape), if the op is a
-        name or a built-in one (as `keep_plan`)."""
-        if fixed_op(op):
+    def keep_reduction_plan(self, key: tuple, plan: Plan) -> None:
+        """Remember `plan` for reduce_scatter calls of `key` ("reduce_scatter", op as given, dtype,
+        shape) or reduce calls of ("reduce", op as given, dtype, shape, root), if the op is a name
+        or a built-in one (as `keep_plan`)."""
+        if fixed_op(key[1]):
             if len(self.block_plans) > 4096:
                 self.block_plans.clear()
-            self.block_plans["reduce_scatter", op, plan.dtype, plan.shape] = plan
+            self.block_plans[key] = plan
 
     def keep_block_plan(self, plan: Plan) -> None:
         """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape), or

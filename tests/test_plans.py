@@ -60,6 +60,7 @@ def test_a_user_op_is_not_planned():
         for _ in range(3):
             comm.all_reduce(np.ones(2), op=op)
             comm.reduce_scatter(np.ones(2), op=op)
+            comm.reduce(np.ones(2), op=op)
         return len(comm._check.plans) + len(comm._check.block_plans)
 
     assert colls.spawn(body, 2, transport="local") == [0, 0]
@@ -80,7 +81,8 @@ def _second_call_alone(comm, collective: str) -> str | None:
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("collective,label", [("all_reduce", "(recursive_doubling, 4 x float64, SUM)"),
                                               ("all_to_all", "(pairwise, 4 x float64)"),
-                                              ("reduce_scatter", "(pairwise, 4 x float64, SUM)")])
+                                              ("reduce_scatter", "(pairwise, 4 x float64, SUM)"),
+                                              ("reduce", "(binomial, 4 x float64, SUM, root 0)")])
 def test_a_planned_call_names_itself_in_a_timeout(transport, collective, label):
     message = colls.spawn(_second_call_alone, 2, transport=transport, args=(collective,), timeout=10.0)[0]
     assert f"{collective} #1 {label}" in message and "rank 0" in message, message
@@ -235,6 +237,45 @@ def _reduce_scatter_every_kind_of_buffer(comm) -> list[bool]:
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_planned_reduce_scatters_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_reduce_scatter_every_kind_of_buffer, size, transport)
+
+
+def _reduce_every_kind_of_buffer(comm) -> list[bool]:
+    """reduce of one signature per root, twice each, with each kind of `out` and two ops."""
+    n = comm.size
+    x = np.arange(6, dtype=np.int32).reshape(2, 3) * (comm.rank + 1)
+    everyone = [np.arange(6, dtype=np.int32).reshape(2, 3) * (r + 1) for r in range(n)]
+    summed, largest = np.sum(everyone, axis=0), np.max(everyone, axis=0)
+    kept = x.copy()
+    ok = []
+    for _ in range(2):
+        for root in range(n):
+            mine = comm.rank == root
+            got = comm.reduce(x, root=root)
+            ok.append(np.array_equal(got, summed) if mine else got is None)
+            out = np.full(x.shape, -1, np.int32)
+            got = comm.reduce(x, root=root, out=out)
+            ok.append((got is out and np.array_equal(out, summed)) if mine else got is None)
+            ok.append(np.array_equal(comm.reduce(x, root=root, op="max"), largest) if mine
+                      else comm.reduce(x, root=root, op="max") is None)
+            strided = np.full((2, 6), -1, np.int32)[:, ::2]                 # the full path copies back
+            got = comm.reduce(x, root=root, out=strided)
+            ok.append((got is strided and np.array_equal(strided, summed)) if mine else got is None)
+            y = x.copy()
+            got = comm.reduce(y, root=root, out=y)                          # in place at the root
+            ok.append((got is y and np.array_equal(y, summed)) if mine else np.array_equal(y, x))
+            ok.append(np.array_equal(x, kept))                             # x left alone
+            if mine:
+                with pytest.raises(colls.InvalidArgument, match="shape"):
+                    comm.reduce(x, root=root, out=np.empty((3, 3), np.int32))   # a wrong out: named
+    ok.append(comm.stats()["reduce"]["calls"] == 10 * n)
+    ok.append(sum(key[0] == "reduce" for key in comm._check.block_plans) == 2 * n)
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_planned_reduces_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+    _every_check_holds(_reduce_every_kind_of_buffer, size, transport)
 
 
 def _persistent_blocks_with_late_peers(comm, calls: int) -> tuple:
