@@ -47,9 +47,10 @@ def predict(collective: str, name: str, size: int, nbytes: float, machine: Machi
     β/2 a byte, where a message costs a copy out and one in); one that reads its input where it
     lies (`takes_source`: the ring) does not. Likewise a reduce_scatter that folds into its input
     works on a copy of it (`Communicator._scratch`), and one that only reads it (`reads_input_only`:
-    pairwise) does not: at 2 ranks, where ring and pairwise make the same one exchange, pairwise
-    is then chosen (a 2 MiB call in the VM's slow state, 2026-12-05: 555-562 us by ring, 0.34x
-    MPI; the target set's tune, which chose pairwise, 108.5 us, 1.71x).
+    pairwise) does not. Their messages cost alike, so the model now takes pairwise wherever it took
+    ring, at any group size (a tune file may still choose ring where it measured it faster). At 2
+    ranks they make the same one exchange: a 2 MiB call in the VM's slow state, 2026-12-05, took
+    555-562 us by ring, 0.34x MPI; the target set's tune, which chose pairwise, 108.5 us, 1.71x.
     """
     fn = MODELS.get((collective, name))
     if fn is None:

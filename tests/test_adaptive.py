@@ -375,6 +375,39 @@ def _spin_polls(comm) -> int:
     return comm.transport.spin_polls
 
 
+def _pinned_subgroups(comm) -> list:
+    """Each rank pinned to a CPU of its own, then to one CPU all: a group made then (a split)
+    counts its cores from the CPUs its ranks may use, whatever each rank's own set."""
+    kept = os.sched_getaffinity(0)
+    cpus = sorted(kept)
+    got = []
+    for mine in (cpus[comm.rank % len(cpus)], cpus[0]):
+        os.sched_setaffinity(0, {mine})
+        group = comm.split(0)
+        got.append([group.transport.cores, group.transport.spin_polls])
+        group.close()
+    os.sched_setaffinity(0, kept)
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_ranks_pinned_a_cpu_each_have_cores_of_their_own():
+    from transports.base import Backoff
+    from transports.shm import OVERSUBSCRIBED_SPIN_POLLS
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no two ranks can be pinned apart")
+    for apart, together in colls.spawn(_pinned_subgroups, 2, transport="shm", timeout=50):
+        assert apart == [2, Backoff.SPIN_POLLS]             # each pinned alone: 2 CPUs for 2 ranks
+        assert together == [1, OVERSUBSCRIBED_SPIN_POLLS]   # both on one CPU
+
+
+def test_a_spin_of_no_polls_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("COLLS_SHM_SPIN_POLLS", "0")
+    with pytest.raises(Exception, match="COLLS_SHM_SPIN_POLLS=0"):
+        colls.spawn(_spin_polls, 2, transport="shm", timeout=30)
+
+
 @pytest.mark.timeout(60)
 def test_a_waiting_rank_yields_sooner_where_ranks_outnumber_cores(monkeypatch):
     from transports.base import Backoff

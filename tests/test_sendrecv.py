@@ -62,15 +62,21 @@ def _split_pairs(comm, nbytes: int) -> list:
     sent = transport.sendrecv_post(mine, peer, TAG, reducing=True)
     transport.sendrecv_finish(sent, total, peer, TAG, deadline, SUM.into_left)
     posted = transport.rendezvous_posted[peer] - before
-    return [got.tolist(), total.tolist(), posted, bool(busy) and transport.cma]
+    try:   # the receive half checks its buffer itself, before anything moves
+        transport.sendrecv_finish(None, np.zeros((2, 2), np.int32), peer, TAG, deadline)
+        refused = False
+    except TypeError as error:
+        refused = "shm receive needs a 1-D C-contiguous numpy array" in str(error)
+    return [got.tolist(), total.tolist(), posted, bool(busy) and transport.cma, refused]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nbytes,reads", [(8, 0), (CHUNK + 4, 0), (8 << 20, 1)])
 def test_a_sendrecv_split_in_two_swaps_and_reduces_as_one(nbytes, reads):
     # (`run_block_schedule` posts its first send before the own block's copy: `Transport.splits_exchanges`)
-    for rank, (got, total, posted, cma) in enumerate(colls.spawn(_split_pairs, 2, transport="shm",
-                                                                  args=(nbytes,), timeout=40)):
+    for rank, (got, total, posted, cma, refused) in enumerate(colls.spawn(_split_pairs, 2, transport="shm",
+                                                                           args=(nbytes,), timeout=40)):
+        assert refused   # a 2-D receive buffer, named before anything moves
         theirs = np.arange(nbytes // 4, dtype=np.int32) + 1000 * (1 - rank)
         assert got == theirs.tolist()
         assert total == (theirs + 5).tolist()

@@ -303,9 +303,12 @@ class ShmTransport(Transport):
                 mappable = mappable and (peer == rank or _probe_mapping(pid, peer_probe_fd))
             # big messages go by cross-memory attach only if every rank can read every peer, and
             # those in registered memory by mapping only if every rank can map every peer's
-            verdicts = exchange(b"mapped" + bytes([readable, mappable]))
-            self.cma = size > 1 and all(entry[-2] == 1 for entry in verdicts)
-            self.mappable = size > 1 and all(entry[-1] == 1 for entry in verdicts)
+            # (and which CPUs each rank may run on: the group's cores are their union)
+            cpus = ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0))).encode()
+            verdicts = exchange(b"mapped" + bytes([readable, mappable]) + cpus)
+            self.cma = size > 1 and all(entry[6] == 1 for entry in verdicts)
+            self.mappable = size > 1 and all(entry[7] == 1 for entry in verdicts)
+            self.cores = len({cpu for entry in verdicts for cpu in entry[8:].decode().split(",") if cpu})
             del probe_region   # every peer has probed it: the verdicts came after
         finally:
             self.segment.unlink()
@@ -329,19 +332,25 @@ class ShmTransport(Transport):
         # whether a kind of call may go by cross-memory attach throughout, when that has been faster
         # than the thresholds lately (`begin_call`): with COLLS_SHM_ADAPTIVE=1, where every rank has
         # a core (a pull needs its receiver to run)
-        own_cores = size <= len(os.sched_getaffinity(0))   # every rank can have a core of its own
+        # every rank can have a core of its own: as many CPUs as ranks among those the ranks may
+        # use (ranks pinned a CPU each count so; four ranks allowed the same two do not)
+        own_cores = size <= self.cores
         # polls a waiting rank makes before it first yields its core: with more ranks than cores the
         # rank it waits for may share its core (OVERSUBSCRIBED_SPIN_POLLS)
         self.spin_polls = env_number("COLLS_SHM_SPIN_POLLS",
                                      Backoff.SPIN_POLLS if own_cores else OVERSUBSCRIBED_SPIN_POLLS)
+        if self.spin_polls < 1:
+            raise ValueError(f"COLLS_SHM_SPIN_POLLS={self.spin_polls}: give a count of at least 1")
         self.adapting = own_cores and self.cma and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1"
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size,
+                                                                    cores=self.cores,
                                                                     slots_first=self.adapting)
                                           if self.cma else 1 << 62)
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size, True,
+                                                                           cores=self.cores,
                                                                            slots_first=self.adapting)
                                                  if self.cma else 1 << 62)
-        self.exchange_huge_bytes = (exchange_huge_bytes(self.chunk, self.slots, size,
+        self.exchange_huge_bytes = (exchange_huge_bytes(self.chunk, self.slots, size, cores=self.cores,
                                                         slots_first=self.adapting)
                                     if self.cma else 1 << 62)
         self.adaptive = ProtocolChoice()
@@ -520,9 +529,9 @@ class ShmTransport(Transport):
         land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
         requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
         messages, another tag first) takes the general path."""
-        check_buffer(recv_buf, "shm receive")
-        self.sendrecv_finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None),
-                             recv_buf, src, tag, deadline, reducer)
+        check_buffer(recv_buf, "shm receive")   # (before any byte moves)
+        self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None),
+                     recv_buf, src, tag, deadline, reducer)
 
     def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int,
                       reducing: bool = False) -> Request | None:
@@ -555,6 +564,11 @@ class ShmTransport(Transport):
     def sendrecv_finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
                         reducer: Reducer | None = None) -> None:
         """`sendrecv`'s receive, straight out of the slots or the sender where it can, and the wait."""
+        check_buffer(recv_buf, "shm receive")
+        self._finish(send, recv_buf, src, tag, deadline, reducer)
+
+    def _finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
+                reducer: Reducer | None) -> None:
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
