@@ -199,6 +199,15 @@ class Communicator(Collectives):
             self._broken(plan.description(), error)
             raise
 
+    def _run_plan(self, plan: Plan, run: Callable[..., Any], *args) -> None:
+        """`run(*args)`, a planned call's algorithm: an error of this rank's own aborts the group,
+        as in `_job` (`_broken`)."""
+        try:
+            run(*args)
+        except BaseException as error:
+            self._broken(plan.description(), error)
+            raise
+
     def _run_planned_reduce_scatter(self, x: object, op: object, out: object, algorithm: str | None,
                                     async_op: bool, timeout: float | None) -> np.ndarray | None:
         """A blocking reduce_scatter whose signature (op as given, dtype, shape) a call before it
@@ -225,15 +234,11 @@ class Communicator(Collectives):
         channel = self._aim_plan(plan, timeout)
         with self._executor.lock:
             source = x.reshape(-1) if algorithm.reads_input_only else self._scratch(x)
-            try:
-                if x.nbytes < self._choose_from:
-                    algorithm.run(channel, source, flat, op)
-                else:
-                    self._choosing(("reduce_scatter", algorithm.name, x.nbytes), algorithm.run, channel,
-                                   source, flat, op)
-            except BaseException as error:
-                self._broken(plan.description(), error)
-                raise
+            if x.nbytes < self._choose_from:
+                self._run_plan(plan, algorithm.run, channel, source, flat, op)
+            else:
+                self._choosing(("reduce_scatter", algorithm.name, x.nbytes), self._run_plan, plan,
+                               algorithm.run, channel, source, flat, op)
         if op.finishes:
             op.finish(flat, self.size)
         return work
@@ -270,11 +275,7 @@ class Communicator(Collectives):
             else:
                 work[...] = x   # (the root reduces into its result: `reduce`)
                 flat = work if work.ndim == 1 else work.reshape(-1)
-            try:
-                algorithm.run(channel, flat, op, root)
-            except BaseException as error:
-                self._broken(plan.description(), error)
-                raise
+            self._run_plan(plan, algorithm.run, channel, flat, op, root)
         if work is None:
             return NOTHING
         if op.finishes:
