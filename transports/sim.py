@@ -66,6 +66,12 @@ class SymbolicArray(np.ndarray):
             _charge(args[0].nbytes, "copy")
             _written(args[0])
             return None
+        if func is np.take:   # a gather of blocks (bruck's packing): a copy of what it takes
+            out = kwargs.get("out")
+            taken = super().__array_function__(func, types, args, kwargs) if out is None else out
+            _charge(taken.nbytes, "copy")
+            _written(taken)
+            return taken
         if func in _LIKE:
             prototype = args[0]
             position = 2 if func is np.full_like else 1
