@@ -55,7 +55,7 @@ def main() -> None:
         x = np.zeros(max(1, args.bytes // 4), np.float32)   # zeros: sums stay exact call after call
         out, theirs = np.empty_like(x), np.empty_like(x)
         comm.all_reduce(x, out=out)   # the first call makes the plan the later ones take
-        plan = comm._check.plans[(SUM, x.dtype, x.shape)]
+        plan = comm._check.plans[(SUM, x.dtype, x.shape, None)]
         layers = {"full": lambda: comm.all_reduce(x, out=out),
                   "planned": lambda: comm._run_planned(plan, x, out, None),
                   "algorithm": lambda: (aimed(), plan.algorithm.run(channel, out, SUM)),
@@ -64,7 +64,7 @@ def main() -> None:
         x = np.ones(max(1, args.bytes // 4), np.float32)
         out = x if world.Get_rank() == 0 else np.empty_like(x)   # as colls bench: in place on the root
         comm.broadcast(x, root=0, out=out)
-        plan = comm._check.broadcast_plans[(x.dtype, x.shape, 0)]
+        plan = comm._check.broadcast_plans[(x.dtype, x.shape, 0, None)]
         flat = out.reshape(-1)
         layers = {"full": lambda: comm.broadcast(x, root=0, out=out),
                   "algorithm": lambda: (aimed(), plan.algorithm.run(channel, flat, 0)),
@@ -77,7 +77,7 @@ def main() -> None:
         out, theirs = np.empty(count, np.float32), np.empty(count, np.float32)
         call = getattr(comm, args.collective)
         call(x, out=out)
-        plan = comm._check.block_plans.get((args.collective, x.dtype, x.shape))
+        plan = comm._check.block_plans.get((args.collective, x.dtype, x.shape, None))
         if plan is None:
             raise SystemExit(f"{args.collective} of this group is not planned (its algorithm builds levels "
                              f"across hosts, or it was forced): nothing to take apart")

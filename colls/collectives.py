@@ -29,9 +29,9 @@ class Collectives:
                    timeout: float | None = None) -> Result:
         """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
         check = self._check
-        if algorithm is None and not async_op and type(x) is np.ndarray:
-            try:
-                plan = check.plans.get((op, x.dtype, x.shape))   # a small call seen before: see `Plan`
+        if (algorithm is None or type(algorithm) is str) and not async_op and type(x) is np.ndarray:
+            try:   # a small call seen before (with the algorithm chosen or forced alike): see `Plan`
+                plan = check.plans.get((op, x.dtype, x.shape, algorithm))
             except TypeError:   # an unhashable op: the checks below name it
                 plan = None
             # the planned path, inline (each frame costs): the buffers pass as the planned call's
@@ -50,10 +50,10 @@ class Collectives:
                         and not self.closed):
                     return self._run_planned(plan, x, planned, timeout)
         x = check.array("all_reduce", x)
-        signature = (op, x.dtype, x.shape)
+        signature = (op, x.dtype, x.shape, algorithm)
         op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
         result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
-        if algorithm is None and x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
+        if x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
             exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
             if exchanges:   # each made persistent, its copies worked out once (`persistent_exchange`)
                 exchanges = tuple((peer, self._channel.persistent_exchange(x.dtype, x.size, peer, fold))
@@ -92,9 +92,10 @@ class Collectives:
         root = check.root("broadcast", root)
         algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
         result, work = check.result("broadcast", out, x.shape, x.dtype, like=x)
-        if (algorithm is None and algo.name != "hierarchical"
-                and (x.dtype, x.shape, root) not in check.broadcast_plans):   # later calls: planned
-            check.keep_block_plan(Plan("broadcast", None, algo, x.shape, x.dtype, self.name, root=root))
+        if algo.name != "hierarchical" and (x.dtype, x.shape, root, algorithm) not in check.broadcast_plans:
+            # later calls of this signature: planned
+            check.keep_block_plan(Plan("broadcast", None, algo, x.shape, x.dtype, self.name, root=root),
+                                  algorithm)
         if self.rank == root and work is not x:
             np.copyto(work, x)
         flat = work.reshape(-1)
@@ -118,8 +119,8 @@ class Collectives:
         root = check.root("reduce", root)
         op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
         given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
-        if algorithm is None and algo.name != "hierarchical" and type(x) is np.ndarray:
-            check.keep_reduction_plan(("reduce", as_given, x.dtype, x.shape, root),
+        if algo.name != "hierarchical" and type(x) is np.ndarray:
+            check.keep_reduction_plan(("reduce", as_given, x.dtype, x.shape, root, algorithm),
                                       Plan("reduce", op, algo, x.shape, x.dtype, self.name, root=root))
         # every rank's buffer is scratch for the tree: the root's is its result (its `out`, filled
         # when the call runs, or a fresh copy); the others' the communicator's scratch
@@ -182,8 +183,8 @@ class Collectives:
         op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
-        if algorithm is None and algo.name != "hierarchical" and type(x) is np.ndarray:
-            check.keep_reduction_plan(("reduce_scatter", given, x.dtype, x.shape),
+        if algo.name != "hierarchical" and type(x) is np.ndarray:
+            check.keep_reduction_plan(("reduce_scatter", given, x.dtype, x.shape, algorithm),
                                       Plan("reduce_scatter", op, algo, x.shape, x.dtype, self.name,
                                            out_shape=shape))
         # most schedules fold partial sums into their input buffer, so they work on a copy (in the

@@ -156,9 +156,9 @@ class Communicator(Collectives):
         """A blocking all_gather or all_to_all whose signature (dtype, shape) a call before it
         planned, run on that plan; None: this call takes the full path (no plan, `algorithm=` or
         `async_op`, a strided buffer, another kind of `out`, work queued, tracing, closed)."""
-        if algorithm is not None or async_op or type(x) is not np.ndarray:
+        if async_op or type(x) is not np.ndarray or not (algorithm is None or type(algorithm) is str):
             return None
-        plan = self._check.block_plans.get((collective, x.dtype, x.shape))
+        plan = self._check.block_plans.get((collective, x.dtype, x.shape, algorithm))
         if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
                 or self.closed):
             return None
@@ -213,10 +213,10 @@ class Communicator(Collectives):
         """A blocking reduce_scatter whose signature (op as given, dtype, shape) a call before it
         planned, run on that plan; None: the full path (as `_run_planned_blocks`, and an `out` that
         may overlap `x`). 2 ranks, 8 B-4 KiB: 12.5-14.0 us through the full checks, MPI 3.6-5.0."""
-        if algorithm is not None or async_op or type(x) is not np.ndarray:
+        if async_op or type(x) is not np.ndarray or not (algorithm is None or type(algorithm) is str):
             return None
         try:
-            plan = self._check.block_plans.get(("reduce_scatter", op, x.dtype, x.shape))
+            plan = self._check.block_plans.get(("reduce_scatter", op, x.dtype, x.shape, algorithm))
         except TypeError:   # an unhashable op: the full checks name it
             return None
         if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
@@ -249,10 +249,11 @@ class Communicator(Collectives):
         planned, run on that plan: the root's result, or `NOTHING` on the other ranks; None: the
         full path (as `_run_planned_blocks`). 2 ranks, 8 B: 8.3-9.1 us through the full checks
         (MPI 2.8-3.6)."""
-        if algorithm is not None or async_op or type(x) is not np.ndarray or type(root) is not int:
+        if (async_op or type(x) is not np.ndarray or type(root) is not int
+                or not (algorithm is None or type(algorithm) is str)):
             return None
         try:
-            plan = self._check.block_plans.get(("reduce", op, x.dtype, x.shape, root))
+            plan = self._check.block_plans.get(("reduce", op, x.dtype, x.shape, root, algorithm))
         except TypeError:   # an unhashable op: the full checks name it
             return None
         if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
@@ -286,9 +287,10 @@ class Communicator(Collectives):
                                async_op: bool, timeout: float | None) -> np.ndarray | None:
         """A blocking broadcast whose signature (dtype, shape, root) a call before it planned, run
         on that plan; None: the full path (as `_run_planned_blocks`)."""
-        if algorithm is not None or async_op or type(x) is not np.ndarray or type(root) is not int:
+        if (async_op or type(x) is not np.ndarray or type(root) is not int
+                or not (algorithm is None or type(algorithm) is str)):
             return None
-        plan = self._check.broadcast_plans.get((x.dtype, x.shape, root))
+        plan = self._check.broadcast_plans.get((x.dtype, x.shape, root, algorithm))
         if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
                 or self.closed):
             return None
@@ -312,10 +314,11 @@ class Communicator(Collectives):
 
     def _keep_block_plan(self, collective: str, x: np.ndarray, forced: str | None, algorithm,
                          out_shape: tuple[int, ...]) -> None:
-        """After the full checks of an all_gather or all_to_all: plan its signature's later calls,
-        unless the algorithm was forced or is the hierarchical one (which builds its levels)."""
-        if (forced is None and algorithm.name != "hierarchical"
-                and (collective, x.dtype, x.shape) not in self._check.block_plans):
+        """After the full checks of an all_gather or all_to_all: plan its signature's later calls
+        (`forced`: the `algorithm=` they pass, None where the selector chose), unless the algorithm
+        is the hierarchical one (which builds its levels)."""
+        if (algorithm.name != "hierarchical"
+                and (collective, x.dtype, x.shape, forced) not in self._check.block_plans):
             schedule = algorithm.schedule and algorithm.schedule(self.rank, self.size, x.size)
             exchanges = None
             if (schedule is not None and x.nbytes <= PLAN_BYTES and type(x) is np.ndarray
@@ -325,7 +328,7 @@ class Communicator(Collectives):
                                                                     src)
                                   for _, _, _, src, incoming in schedule.steps)
             self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
-                                             exchanges, out_shape=out_shape, schedule=schedule))
+                                             exchanges, out_shape=out_shape, schedule=schedule), forced)
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""

@@ -127,11 +127,13 @@ class Validator:
         """Choose algorithms with `selector` from now on (a communicator that learned its hosts)."""
         self.selector = selector
         self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
-        self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape) -> Plan, for all_reduce
-        # (collective, dtype, shape): all_gather, all_to_all; ("reduce_scatter", op, dtype, shape);
-        # ("reduce", op, dtype, shape, root)
+        self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape, algorithm) -> Plan, for all_reduce
+        # each key ends with the call's `algorithm=` (None where the selector chose): a forced
+        # algorithm's calls are planned under its name. (collective, dtype, shape, algorithm):
+        # all_gather, all_to_all; ("reduce_scatter", op, dtype, shape, algorithm); ("reduce", op,
+        # dtype, shape, root, algorithm)
         self.block_plans: dict[tuple, Plan] = {}
-        self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root)
+        self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root, algorithm)
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""
@@ -254,8 +256,9 @@ class Validator:
         return found
 
     def keep_plan(self, signature: tuple, plan: Plan) -> None:
-        """Remember `plan` for all_reduce calls of `signature` (op as given, dtype, shape), if the op
-        is a name or a built-in one (a user's Op may change between calls)."""
+        """Remember `plan` for all_reduce calls of `signature` (op as given, dtype, shape, the
+        `algorithm=` given), if the op is a name or a built-in one (a user's Op may change between
+        calls)."""
         if fixed_op(signature[0]):
             if len(self.plans) > 4096:
                 self.plans.clear()
@@ -263,20 +266,20 @@ class Validator:
 
     def keep_reduction_plan(self, key: tuple, plan: Plan) -> None:
         """Remember `plan` for reduce_scatter calls of `key` ("reduce_scatter", op as given, dtype,
-        shape) or reduce calls of ("reduce", op as given, dtype, shape, root), if the op is a name
-        or a built-in one (as `keep_plan`)."""
+        shape, algorithm) or reduce calls of ("reduce", op as given, dtype, shape, root, algorithm),
+        if the op is a name or a built-in one (as `keep_plan`)."""
         if fixed_op(key[1]):
             if len(self.block_plans) > 4096:
                 self.block_plans.clear()
             self.block_plans[key] = plan
 
-    def keep_block_plan(self, plan: Plan) -> None:
+    def keep_block_plan(self, plan: Plan, forced: str | None = None) -> None:
         """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape), or
-        for broadcasts of its (dtype, shape, root)."""
+        for broadcasts of its (dtype, shape, root), that pass `algorithm=forced`."""
         if plan.collective == "broadcast":
-            plans, key = self.broadcast_plans, (plan.dtype, plan.shape, plan.root)
+            plans, key = self.broadcast_plans, (plan.dtype, plan.shape, plan.root, forced)
         else:
-            plans, key = self.block_plans, (plan.collective, plan.dtype, plan.shape)
+            plans, key = self.block_plans, (plan.collective, plan.dtype, plan.shape, forced)
         if len(plans) > 4096:
             plans.clear()
         plans[key] = plan
