@@ -58,7 +58,8 @@ def test_work_costs_interpolate_on_log_size_and_stay_flat_outside():
 
 def test_fifo_messages_busy_both_cpus_cross_memory_attach_is_the_receivers_work():
     network = SharedMemory(4, profile(), footprint=64 * MIB)
-    small, large = network.route_for(1, 2, 4 * KIB), network.route_for(1, 2, 4 * MIB)
+    large = network.route_for(1, 2, 4 * MIB)
+    small = SharedMemory(4, profile(), cores=4, footprint=4 * KIB).route_for(1, 2, 4 * KIB)   # a core each
     # the sender copies in, then the receiver copies out: half the per-byte cost each
     assert [link.name for link in small.links] == ["rank1.cpu", "cores"]
     assert [link.name for link in small.then.links] == ["rank2.cpu", "cores"]
@@ -72,6 +73,21 @@ def test_fifo_messages_busy_both_cpus_cross_memory_attach_is_the_receivers_work(
                    0.0, {}, ((1, 0.0),), ((1, 0.0),))
     assert SharedMemory(2, slow, footprint=64 * MIB).route_for(0, 1, MIB).pull > \
         SharedMemory(2, slow, footprint=MIB).route_for(0, 1, MIB).pull
+
+
+def test_with_more_ranks_than_cores_a_fifo_receiver_copies_out_on_its_core_at_the_calls_rate():
+    machine = profile(4, 2)
+    crowded = SharedMemory(4, machine, footprint=16 * KIB).route_for(1, 2, 16 * KIB)
+    # the copy out is the receiver's own work (it holds its core), not a flow beside the ranks
+    assert crowded.then is None and crowded.eager
+    assert crowded.receive_busy == pytest.approx(16 * KIB * 1e-9 / 2)
+    assert SharedMemory(4, machine, cores=4, footprint=16 * KIB).route_for(1, 2, 16 * KIB).receive_busy == 0
+    # a piece of a call of 64 MiB copies at the rate of copies of 64 MiB (4e-10 s/B against 1e-10)
+    piece = SharedMemory(4, machine, footprint=64 * MIB).route_for(1, 2, 16 * KIB)
+    slowdown = machine.copy_slowdown(16 * KIB, 64 * MIB)
+    assert slowdown == pytest.approx(4e-10 / (1e-10 + 3e-10 * 4 / 16))
+    assert piece.byte_weight == pytest.approx(crowded.byte_weight * slowdown)
+    assert piece.receive_busy == pytest.approx(crowded.receive_busy * slowdown)
 
 
 def test_a_fifo_senders_next_message_goes_in_while_the_last_comes_out():

@@ -276,6 +276,13 @@ class Profile:
         """Seconds per byte of a local copy in a call of `nbytes` (beyond the copy's `copy_call`)."""
         return max(0.0, _interpolate(list(self.copy), nbytes) - self.copy_call / max(nbytes, 1))
 
+    def copy_slowdown(self, nbytes: int, footprint: int) -> float:
+        """How many times longer a byte of a copy takes among `footprint` bytes than among `nbytes`
+        (at least 1): the local copies' per-byte times, call software and all (so a small piece's
+        is no smaller than a big one's), at the two sizes."""
+        table = list(self.copy)
+        return max(1.0, _interpolate(table, footprint) / _interpolate(table, max(nbytes, 1)))
+
     def alloc_seconds_per_byte(self, nbytes: int) -> float:
         """Seconds per byte of first touching a new buffer of `nbytes` (the algorithms' scratch)."""
         return _interpolate(list(self.alloc), nbytes)
@@ -296,6 +303,7 @@ class SharedMemory:
         # their ping-pong paid the one-slot spin, not the general one they took off). 4 ranks, four
         # batches: 18.5/18.4/27.0/24.3% -> 17.5/15.6/23.0/20.7%
         wake = max(profile.wake, profile.one_slot_wake or 0.0)
+        self.shares_cores = size > (cores or profile.cores)   # ranks take turns on the cores
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, wake,
                                         sendrecv_spin=profile.one_slot_spin,
                                         sendrecv_wake=profile.one_slot_wake,
@@ -390,11 +398,24 @@ class SharedMemory:
         alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
         port = f"fifo to {dst}"   # one FIFO per peer: headers to different peers do not queue
         if nbytes < self.profile.rendezvous:
+            if self.footprint > nbytes:
+                # a piece of a bigger call copies at no better rate than a copy of the call's
+                # size, as the exchanges and the reads below: its lines come from where the call's
+                # bytes live (4 ranks on 2 cores, 2026-12-05, five batches together with the
+                # receiver's copy below: 55.9-67.9% -> 38.4-56.3%, `bench/CALIBRATION.md`)
+                beta *= self.profile.copy_slowdown(nbytes, self.footprint)
             # but the sender copies its FIFO messages in, one after another, on its own CPU
             # (`ShmTransport._isend` pushes each as it is posted): one port for all of them. As
             # flows of their own, a root's three 256 KiB sends of a 4-rank broadcast shared its
             # CPU and all landed at the end, and the model priced that call at 107 us (34 measured)
             weight = beta / REFERENCE_SECONDS_PER_BYTE / 2
+            if self.shares_cores:
+                # more ranks than cores: the receiver's copy out of the slots is work on its own
+                # core, not a flow beside it (priced as a flow, a 4-rank 16 MiB pipeline broadcast,
+                # 64 pieces through 3 hops of two copies on 2 cores, came out at 1073 us; 5391
+                # measured)
+                return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
+                             receive_busy=nbytes * beta / 2)
             return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
                          then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight))
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
