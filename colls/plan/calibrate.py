@@ -370,13 +370,15 @@ class SharedMemory:
         # most of the step is the two ranks' own work, not waiting: each copies its message in (as
         # long as a FIFO send kept its sender in the profile) and the other's out (as long again);
         # from the rendezvous size, where the profile has no sender's time (the plain exchanges
-        # read the other's buffer by cross-memory attach), all but a message's α is the receiver's
-        # work. With more ranks than cores,
+        # read the other's buffer by cross-memory attach), all but the smallest message's time is
+        # the receiver's work (not all but the α of the line through the big messages' times: that
+        # line's α, 49 us at 1 MiB in the profiles of 2026-12-05, is the rates' change with size,
+        # not a wait; five 4-rank batches 2.0-2.6 points closer). With more ranks than cores,
         # work holds a core where a wait lends it: priced as waiting, a 4-rank 16 MiB
         # ring_segmented (256 KiB exchanges) came out at 2110 us, 6054 measured (2026-12-04)
         own = profile.send_seconds(nbytes)
         if nbytes >= profile.rendezvous:
-            send_busy, receive_busy = 0.0, max(0.0, seconds - profile.message_cost(nbytes)[0])
+            send_busy, receive_busy = 0.0, max(0.0, seconds - profile.message[0][1])
         elif own is not None:
             send_busy = receive_busy = seconds * (min(0.5, own / alone) if alone > 0 else 0.5)
         else:   # an older profile, without the sender's own time: all of it waiting, as before
