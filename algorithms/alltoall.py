@@ -97,6 +97,8 @@ def bruck_schedule(rank: int, size: int) -> tuple[tuple[tuple[int, int, np.ndarr
         distance <<= 1
     # relative block j ends up holding what rank r-j sent me; out's block i is relative block r-i
     gather = (2 * rank - np.arange(size)) % size
+    for indices in (gather, *(blocks for _, _, blocks in steps)):
+        indices.flags.writeable = False   # shared by every call (and thread) of this rank and size
     return tuple(steps), gather, max((len(blocks) for _, _, blocks in steps), default=0)
 
 
@@ -119,12 +121,15 @@ def bruck(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     scratch = np.empty_like(send, shape=(size + 2 * most, block))   # numpy or cupy, as `send`
     work, packed, landed = scratch[:size], scratch[size:size + most], scratch[size + most:]
     np.copyto(work, send.reshape(size, block))
+    # numpy's take buffers `out` unless told the indices need no check (1.6 against 1.0 us for two
+    # 1 KiB blocks, 37 against 13 us for two of 256 KiB); cupy's takes no mode
+    clip = {"mode": "clip"} if type(work) is np.ndarray else {}
     for dst, src, forwarded in steps:
         outgoing, incoming = packed[:forwarded.shape[0]], landed[:forwarded.shape[0]]
-        np.take(work, forwarded, axis=0, out=outgoing)
+        np.take(work, forwarded, axis=0, out=outgoing, **clip)
         channel.exchange(outgoing.reshape(-1), dst, incoming.reshape(-1), src)
         work[forwarded] = incoming
-    np.take(work, gather, axis=0, out=out.reshape(size, block))
+    np.take(work, gather, axis=0, out=out.reshape(size, block), **clip)
 
 
 @register("all_to_all_v", "bruck",

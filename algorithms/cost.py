@@ -204,19 +204,20 @@ def _direct_all_to_all(n: int, s: float, m: Machine) -> float:
 
 
 # A numpy call of bruck's packing (a gather or scatter of blocks by index, the working copy, the
-# final gather) costs about a third of a message's α in software: at 2 ranks, shm, 4 KiB, bruck
-# (one step, four such calls) took 16.8 us a call against pairwise's 9.9 (2026-12-05), α 5.5 us.
-PACKING_CALL_ALPHAS = 1 / 3
+# final gather) costs its software whatever the network: at 2 ranks, shm, 4 KiB, bruck (one step,
+# four such calls) took 16.8 us a call against pairwise's 9.9 (2026-12-05), 1.7 us a call.
+PACKING_CALL_SECONDS = 1.8e-6
 
 
 @model("all_to_all", "bruck")
 @model("all_to_all_v", "bruck")
 def _bruck_all_to_all(n: int, s: float, m: Machine) -> float:
     """Each step sends half the blocks and packs and unpacks them (s·β in copies); the packing's
-    2 calls a step and the 2 around the steps cost software: pairwise up to 6 ranks, bruck for
-    small blocks from 7 (MPICH takes it for blocks up to 256 B from 8 ranks)."""
+    2 calls a step and the 2 around the steps cost software: with shm's default constants,
+    pairwise up to 6 ranks, bruck for small blocks from 7 (MPICH takes it for blocks up to 256 B
+    from 8 ranks)."""
     steps = _log2(n)
-    return steps * (m.alpha + s / 2 * m.beta + s * m.beta) + (2 * steps + 2) * PACKING_CALL_ALPHAS * m.alpha
+    return steps * (m.alpha + s / 2 * m.beta + s * m.beta) + (2 * steps + 2) * PACKING_CALL_SECONDS
 
 
 @model("gather", "binomial")

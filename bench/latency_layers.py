@@ -80,7 +80,7 @@ def main() -> None:
         plan = comm._check.block_plans.get((args.collective, x.dtype, x.shape, None))
         if plan is None:
             raise SystemExit(f"{args.collective} of this group is not planned (its algorithm builds levels "
-                             f"across hosts, or it was forced): nothing to take apart")
+                             f"across hosts): nothing to take apart")
         layers = {"full": lambda: call(x, out=out)}
         if plan.schedule is not None:
             layers["schedule"] = lambda: (aimed(), run_block_schedule(channel, x, out, plan.schedule))

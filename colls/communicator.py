@@ -153,8 +153,8 @@ class Communicator(Collectives):
 
     def _run_planned_blocks(self, collective: str, x: object, out: object, algorithm: str | None,
                             async_op: bool, timeout: float | None) -> np.ndarray | None:
-        """A blocking all_gather or all_to_all whose signature (dtype, shape) a call before it
-        planned, run on that plan; None: this call takes the full path (no plan, `algorithm=` or
+        """A blocking all_gather or all_to_all whose signature (dtype, shape, `algorithm=`) a call
+        before it planned, run on that plan; None: this call takes the full path (no plan,
         `async_op`, a strided buffer, another kind of `out`, work queued, tracing, closed)."""
         if async_op or type(x) is not np.ndarray or not (algorithm is None or type(algorithm) is str):
             return None

@@ -286,7 +286,11 @@ class Validator:
 
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:
-        """The algorithm asked for, else the selector's choice; refuses one that breaks rank order."""
+        """The algorithm asked for, else the selector's choice; refuses one that breaks rank order,
+        and an `algorithm=` that is not a name (before it keys a plan: see `Plan`)."""
+        if algorithm is not None and type(algorithm) is not str:
+            raise self.fail(collective, f"algorithm must be a name (a str such as {names(collective)[0]!r}) "
+                                        f"or None, got {algorithm!r}")
         commutative = op is None or op.commutative
         name = algorithm or self.selector.choose(collective, nbytes, commutative)
         try:

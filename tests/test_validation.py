@@ -174,6 +174,10 @@ def _bad_algorithm(comm) -> None:
                          name, "algorithm", "no_such_algorithm")
         for known in colls.algorithms(name):
             assert known in message   # the message lists what would have worked
+        for odd in ([], ["ring"], 0):   # not a name: refused by name, not hashed into a plan's key
+            raises(comm, colls.InvalidArgument,
+                   lambda name=name, odd=odd: getattr(comm, name)(x, algorithm=odd),
+                   name, "algorithm must be a name", repr(odd))
     raises(comm, colls.InvalidArgument, lambda: comm.all_to_all_v(x, [x.shape[0]] + [0] * (comm.size - 1),
                                                                   algorithm="nope"), "algorithm")
     raises(comm, colls.InvalidArgument, lambda: comm.barrier(algorithm="nope"), "algorithm")

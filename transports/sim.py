@@ -67,8 +67,14 @@ class SymbolicArray(np.ndarray):
             _written(args[0])
             return None
         if func is np.take:   # a gather of blocks (bruck's packing): a copy of what it takes
-            out = kwargs.get("out")
-            taken = super().__array_function__(func, types, args, kwargs) if out is None else out
+            taken = kwargs.get("out")
+            if taken is None:   # as symbolic as its source: a shape, no memory
+                source, indices = args[0], np.shape(args[1])
+                axis = kwargs.get("axis", args[2] if len(args) > 2 else None)
+                axis = None if axis is None else axis % source.ndim
+                shape = (indices if axis is None
+                         else (*source.shape[:axis], *indices, *source.shape[axis + 1:]))
+                taken = symbolic(int(np.prod(shape, dtype=np.int64)), source.dtype).reshape(shape)
             _charge(taken.nbytes, "copy")
             _written(taken)
             return taken

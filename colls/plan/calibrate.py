@@ -281,7 +281,8 @@ class Profile:
         (at least 1): the local copies' per-byte times, call software and all (so a small piece's
         is no smaller than a big one's), at the two sizes."""
         table = list(self.copy)
-        return max(1.0, _interpolate(table, footprint) / _interpolate(table, max(nbytes, 1)))
+        piece = _interpolate(table, max(nbytes, 1))
+        return max(1.0, _interpolate(table, footprint) / piece) if piece > 0 else 1.0
 
     def alloc_seconds_per_byte(self, nbytes: int) -> float:
         """Seconds per byte of first touching a new buffer of `nbytes` (the algorithms' scratch)."""
