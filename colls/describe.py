@@ -73,7 +73,8 @@ class Plan:
     """What the checks of one call signature concluded: for a small all_reduce (op, dtype, shape)
     the operator and the algorithm, for an all_gather or all_to_all (dtype, shape) the algorithm and
     the output's shape, for a reduce_scatter (op, dtype, shape) all three, for a reduce (op, dtype,
-    shape, root) the operator and the algorithm. A later call with the same signature is checked
+    shape, root) the operator and the algorithm; every signature also holds the call's `algorithm=`
+    (None where the selector chose). A later call with the same signature is checked
     only for what can differ between calls (its buffers' layout) and runs in line: MPI-4's
     persistent collectives (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls
     whose cost is the library's own software."""
