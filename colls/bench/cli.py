@@ -25,7 +25,7 @@ from pathlib import Path
 import colls
 
 from .report import markdown, plot, write_json
-from .spec import BASELINES, COLLECTIVES, DTYPES, OPS, Spec, format_bytes, parse_size, size_steps
+from .spec import BASELINES, COLLECTIVES, DTYPES, OPS, Spec, error_path, format_bytes, parse_size, size_steps
 
 EXIT_WRONG = 1
 EXIT_USAGE = 2
@@ -217,8 +217,21 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
             signal.signal(signal.SIGTERM, previous)
         remove_job_segments(job)
     if status != 0:
+        _report_rank_errors(spec, spec_path)
         _remove_orphaned_mpich_segments(segments_before)
     return status
+
+
+def _report_rank_errors(spec: Spec, spec_path: str) -> None:
+    """Print the traceback of every rank that failed, as its rank left it (see runner.main)."""
+    for rank in range(spec.ranks):
+        try:
+            with open(error_path(spec_path, rank)) as handle:
+                reason = handle.read()
+        except OSError:
+            continue   # this rank did not fail, or was killed before it could say why
+        print(f"colls bench: rank {rank} failed:\n{reason}", end="" if reason.endswith("\n") else "\n",
+              file=sys.stderr)
 
 
 def _read_records(path: str) -> tuple[dict, list[dict]]:

@@ -23,7 +23,7 @@ from .cases import Case, colls_call, fresh_array, make_case
 from .machine import CoreLink, mode_fields
 from .memcheck import run_memcheck
 from .report import Table
-from .spec import Spec, bus_factor
+from .spec import Spec, bus_factor, error_path
 
 ROUNDS = 20   # the timed calls of the implementations alternate in up to this many rounds
 
@@ -312,9 +312,16 @@ def main(argv: list[str]) -> int:
         run(Spec.load(argv[0]), world, MPI)
     except BaseException:
         # The peers are blocked in a collective that this rank will never enter, and a collective
-        # teardown would hang too: print why, then abort every rank (as `python -m mpi4py` does).
-        traceback.print_exc()
-        sys.stderr.flush()
+        # teardown would hang too: say why, then abort every rank (as `python -m mpi4py` does).
+        # Why goes to a file that `colls bench` prints: Hydra drops what a rank wrote to its
+        # stderr when an abort ends the job first (2026-12-05, CI: an empty stderr).
+        reason = traceback.format_exc()
+        try:
+            with open(error_path(argv[0], world.Get_rank()), "w") as handle:
+                handle.write(reason)
+        except OSError:
+            sys.stderr.write(reason)
+            sys.stderr.flush()
         world.Abort(1)
     return 0
 

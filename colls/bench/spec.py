@@ -117,3 +117,8 @@ class Spec:
         data["sizes"] = tuple(data["sizes"])
         data["baselines"] = tuple(data["baselines"])
         return cls(**data)
+
+
+def error_path(spec_path: str, rank: int) -> str:
+    """Where rank `rank` of the job run from `spec_path` leaves the traceback it failed with."""
+    return f"{spec_path}.rank{rank}.error"
