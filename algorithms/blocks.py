@@ -113,7 +113,7 @@ def run_block_schedule(channel, send, out, schedule: BlockSchedule) -> None:
     first = next(steps, None) if channel.transport.splits_exchanges else None
     if first is not None and not first[1]:
         dst, _, outgoing, src, incoming = first
-        sent = channel.exchange_post(send[outgoing], dst)
+        sent = channel.exchange_post(send[outgoing], dst, out[incoming])
         out[schedule.copy_to] = send[schedule.copy_from]
         channel.exchange_finish(sent, send[outgoing], dst, out[incoming], src)
     else:

@@ -107,10 +107,12 @@ class Transport(ABC):
     # do its own work between them while the peer starts on the message (shm)
     splits_exchanges = False
 
-    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int,
-                      reducing: bool = False) -> Request | None:
+    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool = False,
+                      into: np.ndarray | None = None) -> Request | None:
         """A sendrecv's send, posted now by the sendrecv's protocol (`reducing`: its receive will
-        be a reduction); `sendrecv_finish` makes the receive and waits. None: the send is done."""
+        be a reduction; `into`, where given: the buffer it will receive into, which the protocol
+        may take as a sign of the peer's); `sendrecv_finish` makes the receive and waits. None:
+        the send is done."""
         return self.isend(send_buf, dst, tag)
 
     def sendrecv_finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
@@ -295,10 +297,11 @@ class Channel:
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
 
-    def exchange_post(self, send_buf: np.ndarray, dst: int) -> Request | None:
+    def exchange_post(self, send_buf: np.ndarray, dst: int, into: np.ndarray | None = None) -> Request | None:
         """`exchange`'s send alone, posted now, for a plain exchange that `exchange_finish` completes
-        after other work (on a transport that `splits_exchanges`)."""
-        return self.transport.sendrecv_post(send_buf, dst, self.tag)
+        after other work (on a transport that `splits_exchanges`; `into`: the buffer it will
+        receive into)."""
+        return self.transport.sendrecv_post(send_buf, dst, self.tag, into=into)
 
     def exchange_finish(self, sent: Request | None, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray,
                         src: int) -> None:

@@ -265,9 +265,11 @@ class CudaIpcTransport(ShmTransport):
             return super().sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
         return Transport.sendrecv(self, send_buf, dst, recv_buf, src, tag, deadline, reducer)
 
-    def sendrecv_post(self, send_buf, dst: int, tag: int, reducing: bool = False) -> Request | None:
+    def sendrecv_post(self, send_buf, dst: int, tag: int, reducing: bool = False,
+                      into=None) -> Request | None:
         if type(send_buf) is np.ndarray:
-            return super().sendrecv_post(send_buf, dst, tag, reducing)
+            return super().sendrecv_post(send_buf, dst, tag, reducing,
+                                         into if type(into) is np.ndarray else None)
         return Transport.sendrecv_post(self, send_buf, dst, tag, reducing)
 
     def sendrecv_finish(self, send: Request | None, recv_buf, src: int, tag: int, deadline: float,

@@ -66,6 +66,10 @@ RENDEZVOUS_CHUNK = -1        # a header whose chunk bytes are -1 carries the sen
 # a header whose chunk bytes are -2 is a message in registered memory (`transports.registered`):
 # its slot holds the region's id, descriptor, the message's offset in it and the region's bytes
 RENDEZVOUS_MAPPED = -2
+# a header whose chunk bytes are -3 carries the address of an exchange's send in small pages whose
+# receiver may ask its sender to write it all (`PUSH_FROM_BYTES`)
+RENDEZVOUS_PUSHABLE = -3
+ADDRESSED = (RENDEZVOUS_CHUNK, RENDEZVOUS_PUSHABLE)   # the headers that carry the buffer's address
 # a send from registered memory goes so from here; below, through the slots (one copy each side, no
 # handshake). 2026-12-05, a 2-rank exchange, slots / mapped: 128 KiB 16.7 / 18.2 us and 512 KiB 38.1
 # / 31.2 in the machine's fast state, 128 KiB 53.1 / 20.4 and 512 KiB 257.2 / 30.9 in its slow one
@@ -89,6 +93,15 @@ SLOW_WINDOW, SLOW_OF = 8, 5
 SLOW_HOLD_S = 0.5
 REDUCE_PIECE_BYTES = 256 << 10   # a rendezvous receive-reduce reads the sender's buffer in such pieces
 HELP_BYTES = env_number("COLLS_SHM_HELP_BYTES", 1 << 20)   # see ShmTransport._ask_help
+# An exchange's message sent from small pages into a buffer in huge pages goes by cross-memory
+# attach from this size, written by its sender rather than read by its receiver: a process_vm_*
+# call pins the other process's pages, 512 times fewer where they are huge. 2026-12-05, 2 ranks,
+# both at once, sends in small pages into receive buffers in huge ones (`bench/push_pull.py`), us:
+# read / written 256 KiB 26.1-26.5 / 15.2-15.3, 512 KiB 47.3-47.7 / 27.3-27.6, 1 MiB 86.3-87.2 /
+# 47.5, 2 MiB 165.8-166.4 / 83.6-84.0 (MPI's Sendrecv 24.5, 45.5, 84.3-85.2, 162.7-162.9); between
+# buffers in huge pages, 4 MiB 163-166 either way. With the send rewritten before each exchange
+# (`--fresh`), 256 KiB was slower written: 37.2-37.5 against 28.5-28.7; 512 KiB 43.7 / 49.7-50.0.
+PUSH_FROM_BYTES = env_number("COLLS_SHM_PUSH_BYTES", 512 << 10)
 # A waiting rank's polls before it first yields when ranks outnumber cores (else `Backoff.SPIN_POLLS`,
 # 50: 25-34 us of the general wait's polls, during which a peer sharing the core cannot run). 4 ranks
 # on 2 cores, 16 B, slowest rank's median of 300 (us; 50 / 5 polls; MPI 21-29): reduce_scatter
@@ -225,10 +238,10 @@ def _fifo_bytes(chunk: int, slots: int) -> int:
 
 
 class _Out(Request):
-    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region")
+    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region", "pushable")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool,
-                 region: registered.Region | None = None) -> None:
+                 region: registered.Region | None = None, pushable: bool = False) -> None:
         super().__init__("send", peer, tag, buf.nbytes)
         self.data = buf.view(np.uint8)
         self.pos = 0
@@ -238,13 +251,14 @@ class _Out(Request):
         # of `region` (registered memory)
         self.rendezvous = rendezvous or region is not None
         self.region = region
+        self.pushable = pushable   # its receiver may ask me to write it all (RENDEZVOUS_PUSHABLE)
 
 
 class _In(Request):
-    __slots__ = ("buf", "data", "reducer", "pos", "stash", "helpable")
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "helpable", "exchange")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
-                 stash: bool = False, helpable: bool = True) -> None:
+                 stash: bool = False, helpable: bool = True, exchange: bool = False) -> None:
         super().__init__("recv", peer, tag, buf.nbytes)
         self.buf = buf
         self.data = buf.view(np.uint8)
@@ -252,6 +266,7 @@ class _In(Request):
         self.pos = 0
         self.stash = stash
         self.helpable = helpable   # its sender may be asked to copy half (see ShmTransport._ask_help)
+        self.exchange = exchange   # a sendrecv's: its sender, waiting in it too, may be asked to write it all
 
     def take(self, chunk: np.ndarray) -> None:
         """Copy or reduce one chunk of bytes at the current position."""
@@ -342,6 +357,9 @@ class ShmTransport(Transport):
         if self.spin_polls < 1:
             raise ValueError(f"COLLS_SHM_SPIN_POLLS={self.spin_polls}: give a count of at least 1")
         self.adapting = own_cores and self.cma and os.environ.get("COLLS_SHM_ADAPTIVE", "0") == "1"
+        # an exchange's sender may be asked to write its message (PUSH_FROM_BYTES): where it has a
+        # core, for it runs its part while its peer waits
+        self.pushes = own_cores and self.cma
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(self.chunk, self.slots, size,
                                                                     cores=self.cores,
                                                                     slots_first=self.adapting)
@@ -379,6 +397,9 @@ class ShmTransport(Transport):
         self.slow_slot_bytes_per_s = (env_number("COLLS_SHM_SLOW_SLOT_GBPS", 8, float) * 1e9
                                       if own_cores else 0.0)
         self.slot_copies: deque[bool] = deque(maxlen=SLOW_WINDOW)   # whether each was slow, last first
+        # and the same for my writes of whole messages into other processes (`_pushes`)
+        self.push_slow_until = 0.0
+        self.push_copies: deque[bool] = deque(maxlen=SLOW_WINDOW)
         self.peer_regions: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # id -> mapping
         self.peer_targets: list[dict[int, np.ndarray]] = [{} for _ in range(size)]   # the same, writable
         self.closed = False
@@ -490,8 +511,8 @@ class ShmTransport(Transport):
                            region)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
-               region: registered.Region | None = None) -> Request:
-        request = _Out(peer, tag, buf, rendezvous, region)
+               region: registered.Region | None = None, pushable: bool = False) -> Request:
+        request = _Out(peer, tag, buf, rendezvous, region, pushable)
         self.sends[peer].append(request)
         self.active_out.add(peer)
         self._push(peer)  # start right away: the first chunks go out before anyone waits
@@ -530,15 +551,20 @@ class ShmTransport(Transport):
         requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
         messages, another tag first) takes the general path."""
         check_buffer(recv_buf, "shm receive")   # (before any byte moves)
-        self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None),
+        self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None, recv_buf),
                      recv_buf, src, tag, deadline, reducer)
 
-    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int,
-                      reducing: bool = False) -> Request | None:
+    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool = False,
+                      into: np.ndarray | None = None) -> Request | None:
         """`sendrecv`'s send: by the exchange thresholds, written into the slots now (None) or
-        posted as a request."""
+        posted as a request. A plain send in small pages, `into` (my own receive) in huge ones,
+        goes by address, for the peer to have me write it (`_pushes`): its receive buffer is most
+        likely laid out as mine."""
         check_buffer(send_buf, "shm send")
         n = send_buf.nbytes
+        if (not reducing and into is not None and n >= PUSH_FROM_BYTES and self._pushes(into)
+                and not cma.in_huge_pages(send_buf)):
+            return self._isend(send_buf, dst, tag, True, pushable=True)
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
         if n >= self.attach_from or (n >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)
                                      and self._slots_slow()):
@@ -572,14 +598,14 @@ class ShmTransport(Transport):
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
-        taken = self._receive_now(recv_buf, src, tag, reducer, helpable=False)
+        taken = self._receive_now(recv_buf, src, tag, reducer, helpable=False, exchange=True)
         if taken is True:
             if send is not None:
                 self.wait_all([send], deadline)
             return
         # its sender is exchanging too, with a receive of its own to make: asked to help, it would
         # copy my half instead of reading its own message (see `_ask_help`)
-        receive = taken or self._post(_In(src, tag, recv_buf, reducer, helpable=False))
+        receive = taken or self._post(_In(src, tag, recv_buf, reducer, helpable=False, exchange=True))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
     def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
@@ -666,14 +692,18 @@ class ShmTransport(Transport):
         big messages go by cross-memory attach, where peers may read this process."""
         return self.slow_until > 0.0 and self.cma and time.monotonic() < self.slow_until
 
-    def _timed_slot_copy(self, nbytes: int, seconds: float) -> None:
-        """A copy of `nbytes` into a slot took `seconds`: after enough slow ones, avoid the slots a
-        while (one slow copy is no sign: a rank may lose its core in the middle of any)."""
-        copies = self.slot_copies
+    def _timed_slot_copy(self, nbytes: int, seconds: float, pushed: bool = False) -> None:
+        """A copy of `nbytes` into a slot (or, `pushed`, a message's write into its receiver) took
+        `seconds`: after enough slow ones, avoid the slots (or pushes) a while (one slow copy is
+        no sign: a rank may lose its core in the middle of any)."""
+        copies = self.push_copies if pushed else self.slot_copies
         copies.append(nbytes < seconds * self.slow_slot_bytes_per_s)   # slower than that
         if len(copies) >= SLOW_OF and sum(copies) >= SLOW_OF:
-            self.slow_until = time.monotonic() + SLOW_HOLD_S
-            copies.clear()   # after the hold, the slots must show it again
+            if pushed:
+                self.push_slow_until = time.monotonic() + SLOW_HOLD_S
+            else:
+                self.slow_until = time.monotonic() + SLOW_HOLD_S
+            copies.clear()   # after the hold, they must show it again
 
     def _registered(self, buf: np.ndarray) -> registered.Region | None:
         """The registered region `buf` lies in, if it is big enough to go so and peers can map it."""
@@ -736,8 +766,8 @@ class ShmTransport(Transport):
         self.sent_head[peer] = head
         return True
 
-    def _receive_pieces_now(self, buf: np.ndarray, peer: int, tag: int,
-                            reducer: Reducer | None, helpable: bool = True) -> bool | _In:
+    def _receive_pieces_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
+                            helpable: bool = True, exchange: bool = False) -> bool | _In:
         """`_receive_now` for a message of several slots: each piece taken as it lands. False if the
         first does not land within the one-slot spin (nothing taken); a request, installed as the
         message being received from `peer`, if a later one does not (wait for it: `_pull` goes on
@@ -763,9 +793,9 @@ class ShmTransport(Transport):
                     os.sched_yield()
             slot = tail % slots
             got_tag, message_bytes, offset, size = headers[slot].tolist()
-            if request is None and size == RENDEZVOUS_CHUNK:
-                return self._read_now(buf, peer, tag, reducer, helpable, fifo, tail,
-                                      got_tag, message_bytes, offset)
+            if request is None and size in ADDRESSED:
+                return self._read_now(buf, peer, tag, reducer, helpable, exchange, fifo, tail,
+                                      got_tag, message_bytes, offset, size)
             if (got_tag != tag or message_bytes != n or offset != (0 if request is None else request.pos)
                     or not 0 < size <= self.chunk or offset + size > n):
                 if request is None:
@@ -780,20 +810,21 @@ class ShmTransport(Transport):
         return True
 
     def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
-                     helpable: bool = True) -> bool | _In:
+                     helpable: bool = True, exchange: bool = False) -> bool | _In:
         """Take a message below the rendezvous size from `peer` with `tag` straight out of its slot
         (`_receive_pieces_now` beyond one slot), if nothing else is being received from `peer` and
         it lands within a short spin; false: post a receive instead. A message whose sender posted
         its address (a rendezvous) is read out of the sender then and there (`_read_now`), unless
-        its sender is to help copy it (`helpable`: not a sendrecv's receive; see `_ask_help`)."""
+        its sender is to help copy it (`helpable`: not a sendrecv's receive; see `_ask_help`) or to
+        write it all (`exchange`: a sendrecv's; see `_pushes`)."""
         n = buf.nbytes
         if self.posted[peer] or self.current[peer] is not None or self.stashed[peer]:
             return False
         pulled = n >= self.rendezvous_bytes or n >= self.attach_from   # it comes as its address
-        if pulled and self._may_ask_help(peer, n, tag, reducer, helpable):
+        if pulled and self._own_share(peer, buf, tag, reducer, helpable) is not None:
             return False   # the general path asks its sender to write half meanwhile (`_ask_help`)
         if n > self.chunk and not pulled:
-            return self._receive_pieces_now(buf, peer, tag, reducer, helpable)
+            return self._receive_pieces_now(buf, peer, tag, reducer, helpable, exchange)
         fifo = self.inbound[peer]
         tail = self.read_tail[peer]
         ctl = fifo.ctl
@@ -808,9 +839,9 @@ class ShmTransport(Transport):
                 os.sched_yield()           # ranks may outnumber cores: let the sender run
         slot = tail % self.slots
         hdr, field = fifo.hdr, slot * HEADER_FIELDS
-        if hdr[field + 3] == RENDEZVOUS_CHUNK:
-            return self._read_now(buf, peer, tag, reducer, helpable, fifo, tail,
-                                  hdr[field], hdr[field + 1], hdr[field + 2])
+        if hdr[field + 3] in ADDRESSED:
+            return self._read_now(buf, peer, tag, reducer, helpable, exchange, fifo, tail,
+                                  hdr[field], hdr[field + 1], hdr[field + 2], hdr[field + 3])
         if pulled or hdr[field] != tag or hdr[field + 1] != n or hdr[field + 3] != n:
             return False                   # another message first, or a mismatch: _pull sorts it out
         if n:
@@ -825,17 +856,26 @@ class ShmTransport(Transport):
         return True
 
     def _read_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None, helpable: bool,
-                  fifo: _Fifo, tail: int, got_tag: int, message_bytes: int, address: int) -> bool:
+                  exchange: bool, fifo: _Fifo, tail: int, got_tag: int, message_bytes: int, address: int,
+                  kind: int) -> bool | _In:
         """The message at `tail` of `peer`'s FIFO is its sender's address (a rendezvous): if it is
         this receive's, read it out of the sender now, with no receive posted and no progress pass
-        before the read, and ack it; false (post a receive) otherwise. 2 ranks, a 512 KiB exchange
-        by cross-memory attach: the read began 6 us after the peer's header landed, and took 45 us
-        of the exchange's 62-65 (MPI's Sendrecv 49)."""
+        before the read, and ack it (or ask its sender to write it all, `_pushes`, and return the
+        receive, installed as the one from `peer` to wait for); false (post a receive) otherwise.
+        2 ranks, a 512 KiB exchange by cross-memory attach: the read began 6 us after the peer's
+        header landed, and took 45 us of the exchange's 62-65 (MPI's Sendrecv 49)."""
         if got_tag != tag or message_bytes != buf.nbytes or not self.cma:
             return False
-        if self._may_ask_help(peer, message_bytes, tag, reducer, helpable):
+        pushable = exchange and kind == RENDEZVOUS_PUSHABLE
+        share = self._own_share(peer, buf, tag, reducer, helpable, pushable)
+        request = _In(peer, tag, buf, reducer, helpable=helpable, exchange=exchange)
+        if share == 0:   # its sender is to write it all: ask now, and wait for it as `_pull` does
+            self.current[peer] = request
+            self.active_in.add(peer)
+            self._ask_help(peer, request, address, pushable=True)
+            return request
+        if share is not None:
             return False   # the general path asks its sender to write half meanwhile
-        request = _In(peer, tag, buf, reducer, helpable=helpable)
         self._read_rendezvous(peer, request, address)
         self._consume_rendezvous(peer, fifo, request, tail)
         return True
@@ -864,7 +904,7 @@ class ShmTransport(Transport):
                 hdr[field + 1] = send.nbytes
                 hdr[field + 2] = address
                 if region is None:
-                    hdr[field + 3] = RENDEZVOUS_CHUNK
+                    hdr[field + 3] = RENDEZVOUS_PUSHABLE if send.pushable else RENDEZVOUS_CHUNK
                 else:   # the receiver maps the region (once) and copies out of it
                     words, at = fifo.words, slot * chunk // 8
                     words[at] = region.id
@@ -935,6 +975,10 @@ class ShmTransport(Transport):
             share = send.data[offset:offset + nbytes]
             if target[1] >= 0:   # its buffer is registered: write through my mapping of its region
                 np.copyto(self._mapped(peer, target, nbytes, writable=True), share)
+            elif offset == 0:    # the whole message (`_pushes`): a write into another process,
+                began = time.perf_counter()   # as slow as a slot's in the VM's slow state
+                cma.write(self.pids[peer], address, share)
+                self._timed_slot_copy(nbytes, time.perf_counter() - began, pushed=True)
             else:
                 cma.write(self.pids[peer], address, share)
         except ProcessLookupError as error:
@@ -943,10 +987,12 @@ class ShmTransport(Transport):
         self.helped[peer] = number
         ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
 
-    def _ask_help(self, peer: int, request: _In, address: int, words: list[int] | None = None) -> bool:
+    def _ask_help(self, peer: int, request: _In, address: int, words: list[int] | None = None,
+                  pushable: bool = False) -> bool:
         """Have the sender write the second half of a big plain collective message while I read the
         first (by cross-memory attach, or out of my mapping of its region: `words`, a registered
-        message's); false (read it all myself) where that does not apply. Reductions read it all: the
+        message's), or all of an exchange's message it sent as `pushable` (see `_pushes`); false
+        (read it all myself) where that does not apply. Reductions read it all: the
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
         not waiting for the ack. And a sendrecv's receive: its sender is receiving too, and helping
         puts its copy for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
@@ -959,9 +1005,10 @@ class ShmTransport(Transport):
         withdraw the request without an atomic exchange, so a sender that read it just before may
         still write its share into that buffer for a moment after the error was raised."""
         nbytes = request.nbytes
-        if not self._may_ask_help(peer, nbytes, request.tag, request.reducer, request.helpable):
+        half = self._own_share(peer, request.buf, request.tag, request.reducer, request.helpable,
+                               pushable and request.exchange)
+        if half is None:
             return False
-        half = nbytes // 2 // 64 * 64
         number = self.acks_given[peer] + 1   # the ack that will complete this message
         ctl = self.inbound[peer].ctl
         target = cma.address_of(request.data[half:])
@@ -975,7 +1022,9 @@ class ShmTransport(Transport):
         ctl[HELP_ASK + 6] = 0 if region is None else target - region.base
         ctl[HELP_ASK + 7] = 0 if region is None else region.size
         ctl[HELP_ASK] = number               # publish the request last
-        if words is None:
+        if not half:
+            pass                             # the sender writes it all
+        elif words is None:
             self._read_rendezvous(peer, request, address, half)
         else:
             self._read_mapped(peer, request, words, half)
@@ -983,11 +1032,27 @@ class ShmTransport(Transport):
         self.helping[peer] = number
         return True
 
-    def _may_ask_help(self, peer: int, nbytes: int, tag: int, reducer: Reducer | None,
-                      helpable: bool) -> bool:
-        """Whether `_ask_help` would have the sender of such a receive copy half of it."""
-        return not (reducer is not None or nbytes < HELP_BYTES or tag < COLLECTIVE_TAG_BASE
-                    or not helpable or self.awaiting[peer] or self.sends[peer])
+    def _own_share(self, peer: int, buf: np.ndarray, tag: int, reducer: Reducer | None, helpable: bool,
+                   pushable: bool = False) -> int | None:
+        """The bytes of such a receive that I read myself where `_ask_help` would have its sender
+        write the rest: half, or none (`_pushes`); None where it would not ask."""
+        if reducer is not None or tag < COLLECTIVE_TAG_BASE:
+            return None
+        if pushable and self._pushes(buf):
+            return 0
+        if buf.nbytes < HELP_BYTES or not helpable or self.awaiting[peer] or self.sends[peer]:
+            return None
+        return buf.nbytes // 2 // 64 * 64
+
+    def _pushes(self, buf: np.ndarray) -> bool:
+        """Whether I ask the sender of an exchange's message that it sent from small pages
+        (RENDEZVOUS_PUSHABLE) to write it all into `buf`: where `buf` lies in huge pages. Its write
+        pins my pages and my read would pin its (PUSH_FROM_BYTES). Both ranks of an exchange wait in
+        it, so each writes the other's message while the other does the same. Not for a while
+        after my own such writes ran slow (`_timed_slot_copy`): in one state of the VM, a 2 MiB
+        write of data its sender had just written took 884-892 us against a read's 310
+        (2026-12-05), where one of data written long before took 84 against 168."""
+        return self.pushes and time.monotonic() >= self.push_slow_until and cma.in_huge_pages(buf)
 
     def _finish_helped(self, peer: int) -> bool:
         """Complete the helped rendezvous receive from `peer` once the sender's share has landed."""
@@ -1096,9 +1161,9 @@ class ShmTransport(Transport):
                 if request is None:
                     break                  # nobody wants it yet: leave it in the FIFO
                 self.current[peer] = request
-            if n == RENDEZVOUS_CHUNK and self.cma and request.pos == 0 and message_bytes == request.nbytes:
+            if n in ADDRESSED and self.cma and request.pos == 0 and message_bytes == request.nbytes:
                 moved = True
-                if self._ask_help(peer, request, offset):
+                if self._ask_help(peer, request, offset, pushable=n == RENDEZVOUS_PUSHABLE):
                     break                  # the header stays until the sender's share has landed
                 self._read_rendezvous(peer, request, offset)
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
