@@ -953,10 +953,11 @@ class ShmTransport(Transport):
         if not awaiting:
             return False
         ctl = self.outbound[peer].ctl
+        moved = False
         if ctl[HELP_ASK] > self.helped[peer]:
             self._help(peer, ctl)
+            moved = True
         acked = ctl[16]
-        moved = False
         while awaiting and awaiting[0].ack <= acked:
             awaiting.pop(0).done = True
             moved = True
@@ -986,6 +987,10 @@ class ShmTransport(Transport):
                                    f"writing its share of a {send.nbytes} B message to it") from error
         self.helped[peer] = number
         ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
+        if nbytes == send.nbytes:
+            # I wrote it all (`_pushes`): my buffer is free now, not once the receiver's ack comes
+            # back (that ack still completes its place among my sends awaiting one)
+            send.done = True
 
     def _ask_help(self, peer: int, request: _In, address: int, words: list[int] | None = None,
                   pushable: bool = False) -> bool:
