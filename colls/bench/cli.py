@@ -149,8 +149,8 @@ def _unmapped(names: set[str]) -> set[str]:
 
 
 def _remove_orphaned_mpich_segments(before: set[str], wait_s: float = 3.0) -> None:
-    """After an aborted job: MPICH unlinks its segment only in MPI_Finalize, so an MPI_Abort or a
-    killed rank leaves it in /dev/shm. Remove those that appeared during our run once no live
+    """After a job, an aborted one above all: MPICH unlinks its segment only in MPI_Finalize, so an
+    MPI_Abort or a killed rank leaves it in /dev/shm. Remove those that appeared during our run once no live
     process maps them on two looks 0.2 s apart (so that another job's segment caught between its
     creation and its mapping is left alone), looking for up to `wait_s`: mpiexec may return while
     its aborted ranks still hold theirs (2026-12-05: one look at once and one 0.2 s later left
@@ -218,7 +218,8 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
         remove_job_segments(job)
     if status != 0:
         _report_rank_errors(spec, spec_path)
-        _remove_orphaned_mpich_segments(segments_before)
+    # (after a clean exit too: 2026-12-05, one segment of the 14:01 target set's jobs was left)
+    _remove_orphaned_mpich_segments(segments_before)
     return status
 
 
