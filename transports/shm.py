@@ -563,7 +563,7 @@ class ShmTransport(Transport):
         check_buffer(send_buf, "shm send")
         n = send_buf.nbytes
         if (not reducing and into is not None and n >= PUSH_FROM_BYTES and self._pushes(into)
-                and not cma.in_huge_pages(send_buf)):
+                and not cma.in_huge_pages(send_buf) and self._registered(send_buf) is None):
             return self._isend(send_buf, dst, tag, True, pushable=True)
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
         if n >= self.attach_from or (n >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)
@@ -999,8 +999,9 @@ class ShmTransport(Transport):
         message's), or all of an exchange's message it sent as `pushable` (see `_pushes`); false
         (read it all myself) where that does not apply. Reductions read it all: the
         sender cannot combine into my buffer. User messages too: their sender may be off computing,
-        not waiting for the ack. And a sendrecv's receive: its sender is receiving too, and helping
-        puts its copy for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
+        not waiting for the ack. And a sendrecv's receive (unless its sender is to write it all,
+        `_pushes`: then neither rank reads): its sender is receiving too, and helping puts its copy
+        for me before its own read (measured 2026-12-03, 2-rank all_to_all, colls
         bench A/B, two runs each: 2 MiB 242 -> 233 us, 16 MiB 1359 -> 1322 us without help). Nor
         a receive from a peer I am sending a big message to myself, posted apart (the `direct`
         all_to_all's): it is reading mine meanwhile (2026-12-05, 2 ranks, buffers mapped for each:
