@@ -304,10 +304,11 @@ def test_a_message_whose_address_is_there_is_read_with_no_receive_posted():
 
 def _pushed(comm) -> list:
     """Plain 2 MiB exchanges sent from small pages (an array of their own): into a piece of an 8 MiB
-    array (huge pages), into an array of their own, reduced into the big array; then, the split way
-    (`sendrecv_post` told where it receives), and as a 4 MiB all_gather; then into the big array
-    again after five slow writes into the peer. Per exchange, whether it was right and how many
-    messages this rank wrote into its peer (`ShmTransport.helped`)."""
+    array (huge pages), into an array of their own, reduced into the big array, with a user's tag;
+    then the split way (`sendrecv_post` told where it receives), and as a 4 MiB all_gather; then
+    into the big array again after five slow writes of rank 0's into its peer. Per exchange: whether
+    it was right, how many messages this rank wrote into its peer (`ShmTransport.help_writes`) and
+    how many it sent by address (`rendezvous_posted`)."""
     transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
     count = 512 << 10
     send = np.arange(count, dtype=np.int32) + 1000 * comm.rank   # 2 MiB of its own: small pages
@@ -316,9 +317,10 @@ def _pushed(comm) -> list:
     out = []
 
     def counted(exchange, got, expected) -> None:
-        before = transport.helped[peer]
+        wrote, posted = transport.help_writes[peer], transport.rendezvous_posted[peer]
         exchange()
-        out.append([bool(np.array_equal(got, expected)), transport.helped[peer] - before])
+        out.append([bool(np.array_equal(got, expected)), transport.help_writes[peer] - wrote,
+                    transport.rendezvous_posted[peer] - posted])
 
     into = big[count:2 * count]
     counted(lambda: transport.sendrecv(send, peer, into, peer, TAG, deadline), into, want)
@@ -326,6 +328,8 @@ def _pushed(comm) -> list:
     counted(lambda: transport.sendrecv(send, peer, alone, peer, TAG, deadline), alone, want)
     into[:] = 5
     counted(lambda: transport.sendrecv(send, peer, into, peer, TAG, deadline, SUM.into_left), into, want + 5)
+    into[:] = 0
+    counted(lambda: transport.sendrecv(send, peer, into, peer, 5, deadline), into, want)
     into[:] = 0
 
     def split() -> None:
@@ -335,9 +339,11 @@ def _pushed(comm) -> list:
     gathered = big[:2 * count]
     both = np.concatenate([np.arange(count, dtype=np.int32) + 1000 * rank for rank in range(2)])
     counted(lambda: comm.all_gather(send, out=gathered), gathered, both)
-    transport.slow_slot_bytes_per_s = 8e9   # (the tests turn the switch off: tests/conftest.py)
-    for _ in range(5):   # writes into the peer at 1 MiB/s: pushes are off a while
-        transport._timed_slot_copy(1 << 20, 1.0, pushed=True)
+    if comm.rank == 0:
+        transport.slow_slot_bytes_per_s = 8e9   # (the tests turn the switch off: tests/conftest.py)
+        for _ in range(5):   # writes into the peer at 1 MiB/s: rank 0 pushes nothing a while
+            transport._timed_slot_copy(1 << 20, 1.0, pushed=True)
+    comm.barrier()
     into[:] = 0
     counted(lambda: transport.sendrecv(send, peer, into, peer, TAG, deadline), into, want)
     return [out, transport.cma]
@@ -346,19 +352,96 @@ def _pushed(comm) -> list:
 @pytest.mark.timeout(60)
 def test_an_exchange_from_small_pages_into_huge_ones_is_written_by_its_sender():
     """A process_vm_* call pins the other process's pages, 512 times fewer where they are huge:
-    2 MiB from small pages into huge ones took 84.7 us written against 168.9 read (2026-12-05). So
+    2 MiB from small pages into huge ones took 84 us written against 166 read (2026-12-05). So
     the receiver of such an exchange's message has its sender write it (`ShmTransport._pushes`)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("with more ranks than cores a sender is not asked to write its message")
     if not attach.HUGE_PAGES:
         pytest.skip("this kernel gives no transparent huge pages")
-    for out, allowed in colls.spawn(_pushed, 2, transport="shm", timeout=40):
-        assert [right for right, _ in out] == [True] * 6
+    ranks = colls.spawn(_pushed, 2, transport="shm", timeout=40)
+    for out, allowed in ranks:
+        assert [right for right, _, _ in out] == [True] * 7
         if not allowed:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-        # into huge pages: written by the sender; into small ones, or reduced: not; the split way
-        # and the all_gather's exchange: written; after slow writes: read instead
-        assert [wrote for _, wrote in out] == [1, 0, 0, 1, 1, 0]
+    (zero, _), (one, _) = ranks
+    # into huge pages: sent by address and written by its sender; into small ones, reduced, or with
+    # a user's tag: through the slots (below the exchange threshold); the split way and the
+    # all_gather's exchange: written
+    for rank in (zero, one):
+        assert [cells[1:] for cells in rank[:6]] == [[1, 1], [0, 0], [0, 0], [0, 0], [1, 1], [1, 1]]
+    # after rank 0's slow writes: rank 0 neither marks its message for writing (through the slots)
+    # nor asks rank 1 to write the one rank 1 marked (rank 0 reads it)
+    assert zero[6][1:] == [0, 0] and one[6][1:] == [0, 1]
+
+
+def _pushed_around_a_ring(comm) -> list:
+    """A ring all_gather of 3 ranks, 2 MiB each from small pages into 6 MiB (huge pages), with
+    senders asked to write their messages (forced on: with more ranks than cores it is off); and
+    again after rank 1's receive gave up on its deadline with its request to rank 0 pending. Whether
+    each was right, and the messages each rank wrote into the next."""
+    transport = comm.transport
+    transport.pushes = True
+    count = 512 << 10
+    send = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    out = np.zeros(3 * count, np.int32)
+    want = np.concatenate([np.arange(count, dtype=np.int32) + 1000 * rank for rank in range(3)])
+    comm.all_gather(send, out=out, algorithm="ring")
+    right = bool(np.array_equal(out, want))
+    return [right, transport.help_writes[(comm.rank + 1) % 3]]
+
+
+@pytest.mark.timeout(60)
+def test_senders_around_a_ring_write_their_messages_into_the_next_rank():
+    if not attach.HUGE_PAGES:
+        pytest.skip("this kernel gives no transparent huge pages")
+    results = colls.spawn(_pushed_around_a_ring, 3, transport="shm", timeout=40)
+    assert [right for right, _ in results] == [True] * 3
+    if not colls.spawn(lambda comm: comm.transport.cma, 2, transport="shm", timeout=20)[0]:
+        pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+    # the ring's first step sends my own block (small pages) into the next rank's output (huge);
+    # the second forwards a block of my output (huge pages): read
+    assert [wrote for _, wrote in results] == [1, 1, 1]
+
+
+def _withdrawn(comm) -> list:
+    """Rank 1 posts its half of a pushed exchange, then sleeps 1 s outside the transport; rank 0
+    asks it to write into rank 0's buffer and gives up after 0.5 s, then takes the buffer back.
+    Rank 1 then comes to the exchange (and gives up too: rank 0 never acks). Rank 0: whether it
+    timed out and its buffer stayed as it left it; rank 1: the messages it wrote into rank 0. (No
+    barrier after the timeouts: that pair's FIFO stays blocked by the message given up on.)"""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = 512 << 10
+    send = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    big = np.zeros(4 * count, np.int32)
+    into = big[:count]
+    comm.barrier()
+    if comm.rank == 0:
+        try:
+            transport.sendrecv(send, peer, into, peer, TAG, time.monotonic() + 0.5)
+            timed_out = False
+        except colls.CollectiveTimeout:
+            timed_out = True
+        into[:] = -1          # the buffer is mine again
+        time.sleep(1.5)       # while rank 1 comes to its exchange
+        return [timed_out, bool((into == -1).all())]
+    sent = transport.sendrecv_post(send, peer, TAG, into=into)
+    time.sleep(1.0)
+    try:
+        transport.sendrecv_finish(sent, into, peer, TAG, time.monotonic() + 0.3)
+    except colls.CollectiveTimeout:
+        pass
+    return [transport.help_writes[peer]]
+
+
+@pytest.mark.timeout(60)
+def test_a_receiver_that_gave_up_is_not_written_into_by_a_late_sender():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("with more ranks than cores a sender is not asked to write its message")
+    if not attach.HUGE_PAGES:
+        pytest.skip("this kernel gives no transparent huge pages")
+    (timed_out, kept), (wrote,) = colls.spawn(_withdrawn, 2, transport="shm", timeout=40)
+    assert timed_out
+    assert kept and wrote == 0
 
 
 def _broadcast_sizes(comm):

@@ -49,6 +49,7 @@ from .segment import Segment
 # done at 256 (the sender's: the ack number of the last message it helped with)
 CONTROL_BYTES = 320
 HELP_ASK, HELP_DONE = 24, 32   # int64 indices of those two lines
+HELP_WITHDRAWN = -1            # the bytes word of a request to help that its receiver gave up on
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 ALIGN = 4096
 HEADER_PAGE = 4096           # the segment's first page: the abort and lost-rank words, abort reason
@@ -114,7 +115,8 @@ ONE_SLOT_POLLS = 200             # polls a one-slot receive makes for its messag
 def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
                               cores: int | None = None, slots_first: bool = False) -> int:
     """A sendrecv's message at least this large moves by cross-memory attach (`reducing`: one whose
-    receive is a reduction): when every rank of the group can have a core of its own, from what
+    receive is a reduction; a smaller one too where it is to be written by its sender,
+    `PUSH_FROM_BYTES`): when every rank of the group can have a core of its own, from what
     `colls tune` measured (`tuned_exchange_bytes`; `COLLS_SHM_EXCHANGE_CMA_BYTES` and
     `COLLS_SHM_REDUCE_EXCHANGE_CMA_BYTES` override it) or by default from 4 MiB (plain) or 16 MiB
     (reducing), through the FIFO below, however many slots it takes; with more
@@ -387,6 +389,7 @@ class ShmTransport(Transport):
         self.awaiting: list[list[_Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
         self.helping = [0] * size      # per peer: the ack number of a message its sender is helping copy
         self.helped = [0] * size       # per peer: the ack number of the last message I helped it copy
+        self.help_writes = [0] * size  # per peer: how many of my messages I wrote (some or all) into it
         self.piece = np.empty(REDUCE_PIECE_BYTES, np.uint8)
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
@@ -548,8 +551,9 @@ class ShmTransport(Transport):
         """A message below the rendezvous size, to or from an idle FIFO, goes without a request: the
         send is written and published at once, the receive taken straight out of the slots as they
         land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
-        requests, 39.9-40.4 us so). Anything else (by cross-memory attach, queued behind other
-        messages, another tag first) takes the general path."""
+        requests, 39.9-40.4 us so). A message by cross-memory attach whose address is there is read
+        at once, or its sender asked at once to write it (`_read_now`). Anything else (queued behind
+        other messages, another tag first) takes the general path."""
         check_buffer(recv_buf, "shm receive")   # (before any byte moves)
         self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None, recv_buf),
                      recv_buf, src, tag, deadline, reducer)
@@ -562,8 +566,9 @@ class ShmTransport(Transport):
         likely laid out as mine."""
         check_buffer(send_buf, "shm send")
         n = send_buf.nbytes
-        if (not reducing and into is not None and n >= PUSH_FROM_BYTES and self._pushes(into)
-                and not cma.in_huge_pages(send_buf) and self._registered(send_buf) is None):
+        if (not reducing and into is not None and n >= max(PUSH_FROM_BYTES, 1)
+                and tag >= COLLECTIVE_TAG_BASE and self._pushes(into) and not cma.in_huge_pages(send_buf)
+                and self._registered(send_buf) is None):
             return self._isend(send_buf, dst, tag, True, pushable=True)
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
         if n >= self.attach_from or (n >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)
@@ -886,7 +891,8 @@ class ShmTransport(Transport):
         """Copy as many chunks of queued sends to `peer` as there are free slots.
 
         A send of at least `rendezvous_bytes` takes one slot holding its buffer's address instead;
-        the receiver reads it straight out of this process and acks, which completes the send.
+        the receiver reads it straight out of this process and acks, which completes the send (or
+        asks me to write some or all of it: `_collect_acks`).
         """
         fifo, queue = self.outbound[peer], self.sends[peer]
         head, chunk, slots = self.sent_head[peer], self.chunk, self.slots
@@ -966,8 +972,12 @@ class ShmTransport(Transport):
     def _help(self, peer: int, ctl: memoryview) -> None:
         """Write the part of a rendezvous send that its receiver asked me for straight into its
         buffer, while it reads the rest: two cores copy one message (a sender waiting for its ack
-        has nothing better to do)."""
+        has nothing better to do); or all of it (`_pushes`), while it writes mine into me. Nothing
+        where the receiver withdrew the request (`_withdraw_help`): that send then never completes."""
         number, address, offset, nbytes, *target = (ctl[HELP_ASK + i] for i in range(8))
+        if nbytes == HELP_WITHDRAWN:
+            self.helped[peer] = number
+            return
         send = next((s for s in self.awaiting[peer] if s.ack == number), None)
         if send is None or offset < 0 or nbytes <= 0 or offset + nbytes > send.nbytes:
             raise TransportError(f"rank {self.rank}: rank {peer} asked for help with rendezvous message "
@@ -987,6 +997,7 @@ class ShmTransport(Transport):
                                    f"writing its share of a {send.nbytes} B message to it") from error
         self.helped[peer] = number
         ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
+        self.help_writes[peer] += 1
         if nbytes == send.nbytes:
             # I wrote it all (`_pushes`): my buffer is free now, not once the receiver's ack comes
             # back (that ack still completes its place among my sends awaiting one)
@@ -1007,9 +1018,11 @@ class ShmTransport(Transport):
         all_to_all's): it is reading mine meanwhile (2026-12-05, 2 ranks, buffers mapped for each:
         a 2 MiB receive and send posted together 110 us helped, 96 us not; MPI's Sendrecv 83).
 
-        Known gap: a receiver that gives up on a helped message (its deadline, an abort) cannot
-        withdraw the request without an atomic exchange, so a sender that read it just before may
-        still write its share into that buffer for a moment after the error was raised."""
+        A receiver that gives up on a helped message (its deadline, an abort, a lost peer) withdraws
+        the request (`_withdraw_help`), so that a sender that comes to it later writes nothing (a
+        sendrecv's sender may be late by the whole deadline). Known gap: without an atomic exchange
+        a sender that read the request just before may still write its share into that buffer for
+        the moment its write takes after the error was raised."""
         nbytes = request.nbytes
         half = self._own_share(peer, request.buf, request.tag, request.reducer, request.helpable,
                                pushable and request.exchange)
@@ -1242,19 +1255,30 @@ class ShmTransport(Transport):
             return
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
-        while True:
-            if self.progress():
-                backoff.reset()
-            if all(r.done for r in requests):
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                raise timeout_error(requests, deadline)
-            if now >= next_liveness:
-                next_liveness = now + LIVENESS_PERIOD_S
-                self.check_aborted()
-                self._check_alive(requests)
-            backoff.pause()
+        try:
+            while True:
+                if self.progress():
+                    backoff.reset()
+                if all(r.done for r in requests):
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    raise timeout_error(requests, deadline)
+                if now >= next_liveness:
+                    next_liveness = now + LIVENESS_PERIOD_S
+                    self.check_aborted()
+                    self._check_alive(requests)
+                backoff.pause()
+        except BaseException:
+            self._withdraw_help()
+            raise
+
+    def _withdraw_help(self) -> None:
+        """After an error in a wait: tell every sender I asked to write into my buffer not to, if it
+        has not begun (`_help`; the gap of `_ask_help` otherwise)."""
+        for peer, number in enumerate(self.helping):
+            if number:
+                self.inbound[peer].ctl[HELP_ASK + 3] = HELP_WITHDRAWN
 
     def abort(self, reason: str) -> None:
         self.aborted = reason

@@ -193,7 +193,8 @@ class Route:
     send_busy: float = 0.0
     receive_busy: float = 0.0
     # a pulled message whose receiver asks its sender to copy half (shm's `_ask_help`: a big plain
-    # message into a receive not made by a sendrecv): the sender then copies as long as the
+    # message into a receive not made by a sendrecv; a sendrecv's from small pages into huge ones,
+    # which shm has its sender write whole, is not modelled apart): the sender then copies as long as the
     # receiver does, on its own core when it runs, and the send completes when both have
     helped: bool = False
 
@@ -829,7 +830,8 @@ class SimTransport(Transport):
             fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
                                          reducing, written, after_work)
         send = self._send(send_buf, dst, tag, fused)
-        # (shm asks no help for a sendrecv's receive: its sender is receiving too)
+        # (shm asks no half-help for a sendrecv's receive: its sender is receiving too; one from
+        # small pages into huge ones, written whole by its sender, is priced as any exchange)
         receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None, helpable=False)
         self.me.in_sendrecv = fused is not None
         try:
