@@ -304,9 +304,10 @@ def test_a_message_whose_address_is_there_is_read_with_no_receive_posted():
 
 def _pushed(comm) -> list:
     """Plain 2 MiB exchanges sent from small pages (an array of their own): into a piece of an 8 MiB
-    array (huge pages), into an array of their own, reduced into the big array, with a user's tag;
-    then the split way (`sendrecv_post` told where it receives), and as a 4 MiB all_gather; then
-    into the big array again after five slow writes of rank 0's into its peer. Per exchange: whether
+    array (huge pages), into an array of their own, reduced into the big array, with a user's tag,
+    sent from registered memory (`colls.alloc`); then the split way (`sendrecv_post` told where it
+    receives), and as a 4 MiB all_gather; then into the big array again after five slow writes of
+    rank 0's into its peer. Per exchange: whether
     it was right, how many messages this rank wrote into its peer (`ShmTransport.help_writes`) and
     how many it sent by address (`rendezvous_posted`)."""
     transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
@@ -331,6 +332,10 @@ def _pushed(comm) -> list:
     into[:] = 0
     counted(lambda: transport.sendrecv(send, peer, into, peer, 5, deadline), into, want)
     into[:] = 0
+    registered = colls.alloc(count, np.int32)
+    registered[:] = send
+    counted(lambda: transport.sendrecv(registered, peer, into, peer, TAG, deadline), into, want)
+    into[:] = 0
 
     def split() -> None:
         sent = transport.sendrecv_post(send, peer, TAG, into=into)
@@ -350,35 +355,40 @@ def _pushed(comm) -> list:
 
 
 @pytest.mark.timeout(60)
+def _skip_unless_writing(ranks: int = 2) -> None:
+    """Skip where no sender is asked to write its message (`ShmTransport._pushes`)."""
+    if len(os.sched_getaffinity(0)) < ranks:
+        pytest.skip("with more ranks than cores a sender is not asked to write its message")
+    if not attach.HUGE_PAGES:
+        pytest.skip("this kernel gives no transparent huge pages")
+
+
+@pytest.mark.timeout(60)
 def test_an_exchange_from_small_pages_into_huge_ones_is_written_by_its_sender():
     """A process_vm_* call pins the other process's pages, 512 times fewer where they are huge:
     2 MiB from small pages into huge ones took 84 us written against 166 read (2026-12-05). So
     the receiver of such an exchange's message has its sender write it (`ShmTransport._pushes`)."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores a sender is not asked to write its message")
-    if not attach.HUGE_PAGES:
-        pytest.skip("this kernel gives no transparent huge pages")
+    _skip_unless_writing()
     ranks = colls.spawn(_pushed, 2, transport="shm", timeout=40)
     for out, allowed in ranks:
-        assert [right for right, _, _ in out] == [True] * 7
+        assert [right for right, _, _ in out] == [True] * 8
         if not allowed:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
     (zero, _), (one, _) = ranks
     # into huge pages: sent by address and written by its sender; into small ones, reduced, or with
-    # a user's tag: through the slots (below the exchange threshold); the split way and the
-    # all_gather's exchange: written
+    # a user's tag: through the slots (below the exchange threshold); from registered memory: by
+    # its region, read; the split way and the all_gather's exchange: written
     for rank in (zero, one):
-        assert [cells[1:] for cells in rank[:6]] == [[1, 1], [0, 0], [0, 0], [0, 0], [1, 1], [1, 1]]
+        assert [cells[1:] for cells in rank[:7]] == [[1, 1], [0, 0], [0, 0], [0, 0], [0, 1], [1, 1], [1, 1]]
     # after rank 0's slow writes: rank 0 neither marks its message for writing (through the slots)
     # nor asks rank 1 to write the one rank 1 marked (rank 0 reads it)
-    assert zero[6][1:] == [0, 0] and one[6][1:] == [0, 1]
+    assert zero[7][1:] == [0, 0] and one[7][1:] == [0, 1]
 
 
 def _pushed_around_a_ring(comm) -> list:
     """A ring all_gather of 3 ranks, 2 MiB each from small pages into 6 MiB (huge pages), with
-    senders asked to write their messages (forced on: with more ranks than cores it is off); and
-    again after rank 1's receive gave up on its deadline with its request to rank 0 pending. Whether
-    each was right, and the messages each rank wrote into the next."""
+    senders asked to write their messages (forced on: with more ranks than cores it is off).
+    Whether it was right, and the messages this rank wrote into the next."""
     transport = comm.transport
     transport.pushes = True
     count = 512 << 10
@@ -392,8 +402,7 @@ def _pushed_around_a_ring(comm) -> list:
 
 @pytest.mark.timeout(60)
 def test_senders_around_a_ring_write_their_messages_into_the_next_rank():
-    if not attach.HUGE_PAGES:
-        pytest.skip("this kernel gives no transparent huge pages")
+    _skip_unless_writing(ranks=1)
     results = colls.spawn(_pushed_around_a_ring, 3, transport="shm", timeout=40)
     assert [right for right, _ in results] == [True] * 3
     if not colls.spawn(lambda comm: comm.transport.cma, 2, transport="shm", timeout=20)[0]:
@@ -435,10 +444,7 @@ def _withdrawn(comm) -> list:
 
 @pytest.mark.timeout(60)
 def test_a_receiver_that_gave_up_is_not_written_into_by_a_late_sender():
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores a sender is not asked to write its message")
-    if not attach.HUGE_PAGES:
-        pytest.skip("this kernel gives no transparent huge pages")
+    _skip_unless_writing()
     (timed_out, kept), (wrote,) = colls.spawn(_withdrawn, 2, transport="shm", timeout=40)
     assert timed_out
     assert kept and wrote == 0

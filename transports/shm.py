@@ -250,7 +250,7 @@ class _Out(Request):
         self.started = False
         self.ack = 0          # for a rendezvous send: the peer's ack count that completes it
         # its receiver reads it out of this process: by cross-memory attach, or out of its mapping
-        # of `region` (registered memory)
+        # of `region` (registered memory); or has me write it (`pushable`, `_help`)
         self.rendezvous = rendezvous or region is not None
         self.region = region
         self.pushable = pushable   # its receiver may ask me to write it all (RENDEZVOUS_PUSHABLE)
@@ -609,7 +609,8 @@ class ShmTransport(Transport):
                 self.wait_all([send], deadline)
             return
         # its sender is exchanging too, with a receive of its own to make: asked to help, it would
-        # copy my half instead of reading its own message (see `_ask_help`)
+        # copy my half instead of reading its own message (see `_ask_help`); asked to write all of
+        # a message marked for it, it does that instead of nothing (`_pushes`)
         receive = taken or self._post(_In(src, tag, recv_buf, reducer, helpable=False, exchange=True))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
@@ -877,9 +878,10 @@ class ShmTransport(Transport):
         if share == 0:   # its sender is to write it all: ask now, and wait for it as `_pull` does
             self.current[peer] = request
             self.active_in.add(peer)
-            self._ask_help(peer, request, address, pushable=True)
-            return request
-        if share is not None:
+            if self._ask_help(peer, request, address, pushable=True):
+                return request
+            self.current[peer] = None   # (it asks whenever `_own_share` says so: not reached)
+        elif share is not None:
             return False   # the general path asks its sender to write half meanwhile
         self._read_rendezvous(peer, request, address)
         self._consume_rendezvous(peer, fifo, request, tail)
@@ -890,7 +892,8 @@ class ShmTransport(Transport):
     def _push(self, peer: int) -> bool:
         """Copy as many chunks of queued sends to `peer` as there are free slots.
 
-        A send of at least `rendezvous_bytes` takes one slot holding its buffer's address instead;
+        A send of at least `rendezvous_bytes` (an exchange's marked for writing, `_pushes`, from
+        `PUSH_FROM_BYTES`) takes one slot holding its buffer's address instead;
         the receiver reads it straight out of this process and acks, which completes the send (or
         asks me to write some or all of it: `_collect_acks`).
         """
@@ -986,12 +989,11 @@ class ShmTransport(Transport):
             share = send.data[offset:offset + nbytes]
             if target[1] >= 0:   # its buffer is registered: write through my mapping of its region
                 np.copyto(self._mapped(peer, target, nbytes, writable=True), share)
-            elif offset == 0:    # the whole message (`_pushes`): a write into another process,
-                began = time.perf_counter()   # as slow as a slot's in the VM's slow state
-                cma.write(self.pids[peer], address, share)
-                self._timed_slot_copy(nbytes, time.perf_counter() - began, pushed=True)
             else:
+                began = time.perf_counter()
                 cma.write(self.pids[peer], address, share)
+                if offset == 0:   # the whole message (`_pushes`): as slow as a slot's in the VM's slow state
+                    self._timed_slot_copy(nbytes, time.perf_counter() - began, pushed=True)
         except ProcessLookupError as error:
             raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
                                    f"writing its share of a {send.nbytes} B message to it") from error
@@ -1070,7 +1072,7 @@ class ShmTransport(Transport):
         it, so each writes the other's message while the other does the same. Not for a while
         after my own such writes ran slow (`_timed_slot_copy`): in one state of the VM, a 2 MiB
         write of data its sender had just written took 884-892 us against a read's 310
-        (2026-12-05), where one of data written long before took 84 against 168."""
+        (2026-12-05), where one of data written long before took 84 against 167."""
         return self.pushes and time.monotonic() >= self.push_slow_until and cma.in_huge_pages(buf)
 
     def _finish_helped(self, peer: int) -> bool:
@@ -1255,6 +1257,7 @@ class ShmTransport(Transport):
             return
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
+        entered = next_liveness - LIVENESS_PERIOD_S
         try:
             while True:
                 if self.progress():
@@ -1270,14 +1273,17 @@ class ShmTransport(Transport):
                     self._check_alive(requests)
                 backoff.pause()
         except BaseException:
-            self._withdraw_help()
+            if deadline > entered:   # a wait that gave up, not a poll (a deadline already past)
+                self._withdraw_help(requests)
             raise
 
-    def _withdraw_help(self) -> None:
-        """After an error in a wait: tell every sender I asked to write into my buffer not to, if it
-        has not begun (`_help`; the gap of `_ask_help` otherwise)."""
-        for peer, number in enumerate(self.helping):
-            if number:
+    def _withdraw_help(self, requests: Sequence[Request]) -> None:
+        """After an error in a wait for `requests`: tell the sender of each of them that I asked to
+        write into my buffer not to, if it has not begun (`_help`; the gap of `_ask_help`
+        otherwise). The pair's FIFO stays held by that message."""
+        for request in requests:
+            peer = request.peer
+            if self.helping[peer] and self.current[peer] is request:
                 self.inbound[peer].ctl[HELP_ASK + 3] = HELP_WITHDRAWN
 
     def abort(self, reason: str) -> None:
