@@ -874,6 +874,8 @@ class ShmTransport(Transport):
             return False
         pushable = exchange and kind == RENDEZVOUS_PUSHABLE
         share = self._own_share(peer, buf, tag, reducer, helpable, pushable)
+        if share is not None and share > 0:
+            return False   # the general path asks its sender to write half meanwhile
         request = _In(peer, tag, buf, reducer, helpable=helpable, exchange=exchange)
         if share == 0:   # its sender is to write it all: ask now, and wait for it as `_pull` does
             self.current[peer] = request
@@ -881,8 +883,6 @@ class ShmTransport(Transport):
             if self._ask_help(peer, request, address, pushable=True):
                 return request
             self.current[peer] = None   # (it asks whenever `_own_share` says so: not reached)
-        elif share is not None:
-            return False   # the general path asks its sender to write half meanwhile
         self._read_rendezvous(peer, request, address)
         self._consume_rendezvous(peer, fifo, request, tail)
         return True
