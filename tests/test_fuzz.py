@@ -25,6 +25,7 @@ from algorithms import faults
 from colls.fuzz import Program, Step, fuzz, judge, make_group
 from colls.fuzz.oracle import DTYPES, inputs, matmul, reduced, valid_ops
 from colls.fuzz.program import Space, programs
+from colls.fuzz.session import Verdict
 from colls.fuzz.snippet import render
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +195,18 @@ def test_a_crash_names_the_rank_and_the_step() -> None:
     assert primary is not None and primary["step"] == 1 and primary["kind"] == "crash"
     assert "all_gather(ring" in primary["label"] and "ValueError" in primary["message"]
     assert judge(program, group.run(program, 5.0), 5.0).ok   # and nothing is left planted
+
+
+def test_the_primary_failure_is_the_cause_not_an_abort_that_reached_an_earlier_step() -> None:
+    # rank 0 was still in its barrier (step 0) when rank 2's crash in step 1 aborted it
+    aborted = {"rank": 0, "step": 0, "kind": "aborted", "label": "barrier", "detail": "",
+               "message": "CommunicatorAborted: rank 0: rank 2 failed in world all_gather #1"}
+    crash = {"rank": 2, "step": 1, "kind": "crash", "label": "all_gather(ring)", "detail": "",
+             "message": "ValueError"}
+    wrong = {"rank": 1, "step": 3, "kind": "wrong result", "label": "reduce", "detail": "", "message": ""}
+    assert Verdict([aborted, crash], {}, {}).primary is crash
+    assert Verdict([wrong, crash], {}, {}).primary is crash            # the earlier step first
+    assert Verdict([aborted], {}, {}).primary is aborted
 
 
 @pytest.mark.timeout(60)

@@ -34,10 +34,16 @@ class Verdict:
 
     @property
     def primary(self) -> dict[str, Any] | None:
-        """The failure that explains the others: the earliest step, a wrong result before a timeout."""
+        """The failure that explains the others: a cause before an abort it set off, then the earliest
+        step, then a wrong result before a timeout.
+
+        An abort is always another rank's failure arriving; it can reach a rank still finishing an
+        earlier step (a barrier's last message in flight), so its step says nothing about the cause.
+        """
         if not self.failures:
             return None
-        return min(self.failures, key=lambda f: (f["step"] if f["step"] >= 0 else 1 << 30,
+        return min(self.failures, key=lambda f: (f["kind"] == "aborted",
+                                                 f["step"] if f["step"] >= 0 else 1 << 30,
                                                  PRIORITY.get(f["kind"], 9), f["rank"]))
 
 
