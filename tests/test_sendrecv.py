@@ -302,6 +302,66 @@ def test_a_message_whose_address_is_there_is_read_with_no_receive_posted():
     assert received == [[True, 0], [True, 0]]
 
 
+def _exchange_read_at_once(comm) -> list:
+    """8 MiB plain exchanges by cross-memory attach (user's buffers in huge pages). First rank 1
+    comes 0.2 s late, so rank 0's address is there when its exchange starts: rank 1 reads it at
+    once (`_read_exchange_now`), no receive posted, while rank 0 waits by the general path. Then
+    rank 1 sends its message and, once rank 0 has read it, receives rank 0's by itself (not in an
+    exchange): it asks rank 0, which spins for its own ack (`_spin_for_ack`), to copy half.
+    Per rank and case: whether it got the peer's bytes, the receives it posted, the halves it wrote,
+    the messages it read at once."""
+    transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
+    count = 2 << 20
+    mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
+    want = np.arange(count, dtype=np.int32) + 1000 * peer
+    posts = [0]
+    post = transport._post
+
+    def counted(request):
+        posts[0] += 1
+        return post(request)
+
+    transport._post = counted
+    fast = [0]
+    read_now = transport._read_exchange_now
+
+    def read(*args):
+        taken = read_now(*args)
+        fast[0] += taken
+        return taken
+
+    transport._read_exchange_now = read
+    out = []
+    for case in ("late", "helped"):
+        got = np.zeros(count, np.int32)
+        before, wrote, reads = posts[0], transport.help_writes[peer], fast[0]
+        if comm.rank == 1 and case == "late":
+            time.sleep(0.2)
+        if comm.rank == 0 or case == "late":
+            transport.sendrecv(mine, peer, got, peer, TAG, deadline)
+        else:
+            transport.wait_all([transport.isend(mine, peer, TAG)], deadline)
+            transport.recv_wait(got, peer, TAG, deadline)
+        out.append([case, bool(np.array_equal(got, want)), posts[0] - before,
+                    transport.help_writes[peer] - wrote, fast[0] - reads])
+        comm.barrier()
+    return [out, transport.cma]
+
+
+@pytest.mark.timeout(60)
+def test_an_exchange_whose_address_is_there_is_read_at_once_and_a_help_asked_meanwhile_is_given():
+    (early, cma), (late, _) = colls.spawn(_exchange_read_at_once, 2, transport="shm", timeout=40)
+    if not cma:
+        pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
+    # rank 0 came first: its peer's header came later, so it posted a receive
+    assert early[0] == ["late", True, 1, 0, 0]
+    # rank 1 read rank 0's message at once, no receive posted
+    assert late[0] == ["late", True, 0, 0, 1]
+    # rank 0 read (at once or not: a race), then wrote half of its own message
+    assert early[1][:4] == ["helped", True, 0, 1]
+    assert late[1] == ["helped", True, 1, 0, 0]
+
+
 def _pushed(comm) -> list:
     """Plain 2 MiB exchanges sent from small pages (an array of their own): into a piece of an 8 MiB
     array (huge pages), into an array of their own, reduced into the big array, with a user's tag,

@@ -516,10 +516,49 @@ class ShmTransport(Transport):
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
                region: registered.Region | None = None, pushable: bool = False) -> Request:
         request = _Out(peer, tag, buf, rendezvous, region, pushable)
+        if request.rendezvous and not self.sends[peer] and self._post_address(request):
+            return request
         self.sends[peer].append(request)
         self.active_out.add(peer)
         self._push(peer)  # start right away: the first chunks go out before anyone waits
         return request
+
+    def _post_address(self, send: _Out) -> bool:
+        """Publish the header of a rendezvous send (its buffer's address, or its place in registered
+        memory) in the next slot to its peer, if one is free; the send then waits for the peer's
+        ack (`_collect_acks`). `_push`
+        does this for a send at the head of the queue; `_isend` for one with nothing queued before
+        it, without the queue's round (a big exchange's post, 2 ranks: see `_read_exchange_now`)."""
+        peer = send.peer
+        fifo = self.outbound[peer]
+        ctl = fifo.ctl
+        head = self.sent_head[peer]
+        if head - ctl[8] >= self.slots:
+            return False
+        address, region, slot = cma.address_of(send.data), send.region, head % self.slots
+        hdr, field = fifo.hdr, slot * HEADER_FIELDS
+        hdr[field] = send.tag
+        hdr[field + 1] = send.nbytes
+        hdr[field + 2] = address
+        if region is None:
+            hdr[field + 3] = RENDEZVOUS_PUSHABLE if send.pushable else RENDEZVOUS_CHUNK
+        else:   # the receiver maps the region (once) and copies out of it
+            words, at = fifo.words, slot * self.chunk // 8
+            words[at] = region.id
+            words[at + 1] = region.fd
+            words[at + 2] = address - region.base
+            words[at + 3] = region.size
+            hdr[field + 3] = RENDEZVOUS_MAPPED
+        self.sent_head[peer] = head + 1
+        ctl[0] = head + 1                  # publish (x86 keeps the stores above before this one)
+        send.started = True
+        send.pos = send.nbytes
+        posted = self.rendezvous_posted[peer] + 1
+        self.rendezvous_posted[peer] = posted
+        send.ack = posted
+        self.awaiting[peer].append(send)
+        self.active_out.add(peer)
+        return True
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "shm receive")
@@ -567,7 +606,7 @@ class ShmTransport(Transport):
         check_buffer(send_buf, "shm send")
         n = send_buf.nbytes
         if (not reducing and into is not None and n >= max(PUSH_FROM_BYTES, 1)
-                and tag >= COLLECTIVE_TAG_BASE and self._pushes(into) and not cma.in_huge_pages(send_buf)
+                and tag >= COLLECTIVE_TAG_BASE and not cma.in_huge_pages(send_buf) and self._pushes(into)
                 and self._registered(send_buf) is None):
             return self._isend(send_buf, dst, tag, True, pushable=True)
         # an exchange has thresholds of its own (both ranks copy at once: `exchange_rendezvous_bytes`)
@@ -603,6 +642,12 @@ class ShmTransport(Transport):
         if recv_buf.nbytes > self.chunk:
             address = cma.address_of(recv_buf)
             self.last_received = (address, address + recv_buf.nbytes)
+            if reducer is None and self._read_exchange_now(recv_buf, src, tag):
+                if send is not None:
+                    if not send.done and send.ack:
+                        self._spin_for_ack(send)
+                    self.wait_all([send], deadline)
+                return
         taken = self._receive_now(recv_buf, src, tag, reducer, helpable=False, exchange=True)
         if taken is True:
             if send is not None:
@@ -861,6 +906,50 @@ class ShmTransport(Transport):
         ctl[8] = tail + 1                  # the slot is free again
         return True
 
+    def _read_exchange_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
+        """A plain exchange's message sent by address (RENDEZVOUS_CHUNK), read out of its sender
+        now if its header is already next in `peer`'s FIFO and nothing else is being received from
+        `peer`, then acked; false (nothing done) otherwise. `_receive_now` and `_read_now` do the
+        same and more (they wait for the header, take messages through the slots, ask senders to
+        write); for this one message they are Python around the read: in a 2-rank 4 MiB
+        all_to_all, 4.9-5.0 us from the receive's start to the read's and 1.3 us after it, with
+        the caches cold from the rank's own 2 MiB copy just before."""
+        if self.posted[peer] or self.current[peer] is not None or self.stashed[peer] or not self.cma:
+            return False
+        fifo = self.inbound[peer]
+        ctl = fifo.ctl
+        tail = self.read_tail[peer]
+        if ctl[0] <= tail:
+            return False
+        hdr, field = fifo.hdr, tail % self.slots * HEADER_FIELDS
+        if hdr[field + 3] != RENDEZVOUS_CHUNK or hdr[field] != tag or hdr[field + 1] != buf.nbytes:
+            return False
+        try:
+            cma.read(self.pids[peer], hdr[field + 2], buf)
+        except (ProcessLookupError, TransportError) as error:
+            self._raise_if_lost(peer, buf.nbytes, error)
+            raise
+        self.read_tail[peer] = tail + 1
+        ctl[8] = tail + 1                  # the slot is free again
+        acks = self.acks_given[peer] + 1
+        self.acks_given[peer] = acks
+        ctl[16] = acks                     # the sender's buffer is free again
+        return True
+
+    def _spin_for_ack(self, send: _Out) -> None:
+        """Poll the ack of my rendezvous `send` alone for up to `spin_polls` polls, then collect it
+        (the caller's wait does the rest, with its deadline and yields): its peer is most likely
+        reading it as I read its message. The general wait's progress passes took 5 us there
+        where the ack came 2.2 us after my read in a plain loop (2 ranks, 4 MiB all_to_all). A
+        help asked meanwhile ends the spin (`_collect_acks` gives it)."""
+        peer = send.peer
+        ctl = self.outbound[peer].ctl
+        helped, ack = self.helped[peer], send.ack
+        for _ in range(self.spin_polls):
+            if ctl[16] >= ack or ctl[HELP_ASK] > helped:
+                break
+        self._collect_acks(peer)
+
     def _read_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None, helpable: bool,
                   exchange: bool, fifo: _Fifo, tail: int, got_tag: int, message_bytes: int, address: int,
                   kind: int) -> bool | _In:
@@ -906,28 +995,9 @@ class ShmTransport(Transport):
             if send.rendezvous and not send.started:
                 if free <= 0:
                     break
-                address = cma.address_of(send.data)
-                region, slot = send.region, head % slots
-                hdr, field = fifo.hdr, slot * HEADER_FIELDS
-                hdr[field] = send.tag
-                hdr[field + 1] = send.nbytes
-                hdr[field + 2] = address
-                if region is None:
-                    hdr[field + 3] = RENDEZVOUS_PUSHABLE if send.pushable else RENDEZVOUS_CHUNK
-                else:   # the receiver maps the region (once) and copies out of it
-                    words, at = fifo.words, slot * chunk // 8
-                    words[at] = region.id
-                    words[at + 1] = region.fd
-                    words[at + 2] = address - region.base
-                    words[at + 3] = region.size
-                    hdr[field + 3] = RENDEZVOUS_MAPPED
-                head += 1
-                fifo.control[0] = head
-                send.started = True
-                send.pos = send.nbytes
-                self.rendezvous_posted[peer] += 1
-                send.ack = self.rendezvous_posted[peer]
-                self.awaiting[peer].append(send)
+                self.sent_head[peer] = head
+                self._post_address(send)
+                head = self.sent_head[peer]
                 queue.popleft()
                 moved = True
                 continue
@@ -1104,12 +1174,18 @@ class ShmTransport(Transport):
         try:
             self._read_from(peer, request, address, request.nbytes if nbytes is None else nbytes)
         except (ProcessLookupError, TransportError) as error:
-            if not isinstance(error, ProcessLookupError):
-                time.sleep(0.05)             # a dying process may not look dead for a moment
-                if process_alive(self.pids[peer]):
-                    raise
-            raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
-                                   f"reading its {request.nbytes} B message") from error
+            self._raise_if_lost(peer, request.nbytes, error)
+            raise
+
+    def _raise_if_lost(self, peer: int, nbytes: int, error: Exception) -> None:
+        """After `error` in a read of `peer`'s `nbytes` B message: raise PeerLost if `peer` has
+        died (else the caller raises `error` again)."""
+        if not isinstance(error, ProcessLookupError):
+            time.sleep(0.05)                 # a dying process may not look dead for a moment
+            if process_alive(self.pids[peer]):
+                return
+        raise self._lost(peer, f"rank {peer} (pid {self.pids[peer]}) died while rank {self.rank} was "
+                               f"reading its {nbytes} B message") from error
 
     def _read_mapped(self, peer: int, request: _In, words: list[int], nbytes: int | None = None) -> None:
         """Copy (or reduce) a message in `peer`'s registered memory (its first `nbytes`: a helped
