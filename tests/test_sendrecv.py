@@ -362,6 +362,42 @@ def test_an_exchange_whose_address_is_there_is_read_at_once_and_a_help_asked_mea
     assert late[1] == ["helped", True, 1, 0, 0]
 
 
+def _written_exchange_asked_at_once(comm) -> list:
+    """A plain 2 MiB exchange sent from small pages into a piece of an 8 MiB array (huge pages),
+    rank 1 0.2 s late: rank 0's header is there when rank 1's exchange starts, so rank 1 asks at
+    once for it to be written (`_read_exchange_now`) and waits in `_wait_written`, where it writes
+    its own message when rank 0 asks. Per rank: whether it got the peer's bytes, the messages it
+    wrote into the peer, the receives it asked for at once."""
+    transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
+    count = 512 << 10
+    send = np.arange(count, dtype=np.int32) + 1000 * comm.rank   # 2 MiB of its own: small pages
+    big = np.zeros(4 * count, np.int32)                           # 8 MiB: huge pages
+    into = big[count:2 * count]
+    asked = [0]
+    read_now = transport._read_exchange_now
+
+    def read(*args):
+        taken = read_now(*args)
+        asked[0] += taken is not True and taken is not False
+        return taken
+
+    transport._read_exchange_now = read
+    wrote = transport.help_writes[peer]
+    if comm.rank == 1:
+        time.sleep(0.2)
+    transport.sendrecv(send, peer, into, peer, TAG, deadline)
+    want = np.arange(count, dtype=np.int32) + 1000 * peer
+    return [bool(np.array_equal(into, want)), transport.help_writes[peer] - wrote, asked[0]]
+
+
+@pytest.mark.timeout(60)
+def test_a_written_exchange_whose_header_is_there_is_asked_for_at_once():
+    _skip_unless_writing()
+    early, late = colls.spawn(_written_exchange_asked_at_once, 2, transport="shm", timeout=40)
+    assert early == [True, 1, 0]   # rank 0 came first and asked through the general path
+    assert late == [True, 1, 1]    # rank 1 asked at once, then wrote its own when asked
+
+
 def _pushed(comm) -> list:
     """Plain 2 MiB exchanges sent from small pages (an array of their own): into a piece of an 8 MiB
     array (huge pages), into an array of their own, reduced into the big array, with a user's tag,
