@@ -584,35 +584,64 @@ def rules(comm: Communicator, collective: str = "all_reduce",
     """Which `collective` algorithm is fastest on `comm`'s ranks at each of `sizes` (float32 sum,
     the buffers `colls bench` gives it, sizes as it counts them, root 0 for broadcast and reduce):
     the rules `Selector` follows, [(from bytes, algorithm), ...]. The selector applies them at
-    every root; a binomial reduce to another root sends one message more."""
+    every root; a binomial reduce to another root sends one message more.
+
+    A new rule must win twice: where a size's round of every algorithm says another one beats the
+    one in force, the two are timed again, head to head, and that round's times stand for both
+    (`switch_to` on them again; each challenger once). With one call per block at 64 MiB, a
+    burst on the machine once gave a 4-rank all_reduce `ring_segmented` from 64 MiB, which took
+    105 ms there against `rabenseifner`'s 26 (2026-12-05, the 16:22 set: Gloo 1.44x)."""
     from algorithms import names
 
     from .bench.cases import colls_call, make_case
 
     candidates = [name for name in names(collective) if name != "hierarchical"]
-    timed = []
+    timed: list[tuple[int, dict[str, float]]] = []
     for nbytes in sizes:
         case = make_case(collective, nbytes, "sum", "float32", comm.rank, comm.size)
         calls = {name: colls_call(comm, case, name)[0] for name in candidates}
-        timed.append((case.nbytes, call_times(comm, calls)))
+        seconds = call_times(comm, calls)
+        tried: set[str] = set()
+        while (timed and case.nbytes > timed[-1][0]
+               and (switch := switch_to(rules_from(timed), case.nbytes, seconds)) is not None):
+            held, challenger = switch
+            if challenger in tried:
+                break   # it won the head-to-head round too
+            tried.add(challenger)
+            seconds = {**seconds, **call_times(comm, {held: calls[held], challenger: calls[challenger]})}
+        timed.append((case.nbytes, seconds))
     return rules_from(timed)
+
+
+def switch_to(fastest: list[tuple[int, str]], nbytes: int,
+              seconds: dict[str, float]) -> tuple[str, str] | None:
+    """(the algorithm in force, the one to start a new rule with) where `seconds`, the times at
+    `nbytes`, would start a new rule after the rules `fastest` of the sizes below: another
+    algorithm beats the one in force by RULE_MARGIN. None where they would not (no rule yet, a size
+    at or below the last one measured, no clear win)."""
+    if not fastest or nbytes <= fastest[-1][0]:
+        return None
+    held = fastest[-1][1]
+    best = min(seconds, key=lambda name: (seconds[name], name))
+    if best != held and seconds[best] < (1 - RULE_MARGIN) * seconds[held]:
+        return held, best
+    return None
 
 
 def rules_from(timed: list[tuple[int, dict[str, float]]]) -> list[tuple[int, str]]:
     """Rules from (bytes, seconds by algorithm) in rising bytes: the fastest from the first size
-    on, then a new rule wherever another beats the one in force by RULE_MARGIN. The last rule holds
-    beyond the largest size measured."""
+    on, then a new rule wherever another beats the one in force by RULE_MARGIN (`switch_to`). The
+    last rule holds beyond the largest size measured."""
     fastest: list[tuple[int, str]] = []
     last = -1
     for nbytes, seconds in timed:
         if nbytes <= last:
             continue   # many ranks round small sizes up to one element each: measured already
         last = nbytes
-        best = min(seconds, key=lambda name: (seconds[name], name))
         if not fastest:
-            fastest.append((0, best))
-        elif best != fastest[-1][1] and seconds[best] < (1 - RULE_MARGIN) * seconds[fastest[-1][1]]:
-            fastest.append((nbytes, best))
+            fastest.append((0, min(seconds, key=lambda name: (seconds[name], name))))
+        elif (switch := switch_to(fastest, nbytes, seconds)) is not None:
+            fastest.append((nbytes, switch[1]))
     return fastest
 
 

@@ -188,6 +188,42 @@ def test_rules_change_algorithm_only_for_a_clear_win():
     assert rules_from([(800, {"a": 1.0, "b": 2.0}), (800, {"a": 2.0, "b": 1.0})]) == [(0, "a")]
 
 
+def test_a_new_rule_must_win_a_head_to_head_round_too(monkeypatch):
+    import colls.tune as tune
+
+    # per size, the round of every algorithm, then what a head-to-head round of two would give
+    rounds = {8: [{"a": 1.0, "b": 2.0, "c": 3.0}],
+              4096: [{"a": 1.0, "b": 0.5, "c": 0.8},    # b a burst's luck, then c: neither holds
+                     {"a": 1.0, "b": 1.1}, {"a": 1.0, "c": 0.98}],
+              1 << 20: [{"a": 1.0, "b": 0.5, "c": 2.0},    # b twice: a new rule
+                        {"a": 1.0, "b": 0.6}]}
+    asked = []
+
+    def scripted(comm, calls, budget_s=tune.RULE_BUDGET_S):
+        nbytes = current[0]
+        asked.append((nbytes, sorted(calls)))
+        return rounds[nbytes].pop(0)
+
+    current = [0]
+    from colls.bench import cases
+
+    make_case = cases.make_case
+
+    def tracking(collective, nbytes, *args, **kwargs):
+        current[0] = nbytes
+        return make_case(collective, nbytes, *args, **kwargs)
+
+    monkeypatch.setattr(tune, "call_times", scripted)
+    monkeypatch.setattr(cases, "make_case", tracking)
+    monkeypatch.setattr(cases, "colls_call", lambda comm, case, name: (lambda: None, None))
+    monkeypatch.setattr("algorithms.names", lambda collective: ["a", "b", "c"])
+    found = colls.spawn(lambda comm: tune.rules(comm, "all_reduce", (8, 4096, 1 << 20)), 1,
+                        transport="local", timeout=30)[0]
+    assert found == [(0, "a"), (1 << 20, "b")]
+    assert asked == [(8, ["a", "b", "c"]), (4096, ["a", "b", "c"]), (4096, ["a", "b"]), (4096, ["a", "c"]),
+                     (1 << 20, ["a", "b", "c"]), (1 << 20, ["a", "b"])]
+
+
 def test_tune_collectives_argument_is_checked_before_measuring():
     from colls.tune import RULE_COLLECTIVES, collectives_asked
 
