@@ -587,10 +587,12 @@ def rules(comm: Communicator, collective: str = "all_reduce",
     every root; a binomial reduce to another root sends one message more.
 
     A new rule must win twice: where a size's round of every algorithm says another one beats the
-    one in force, the two are timed again, head to head, and that round's times stand for both
-    (`switch_to` on them again; each challenger once). With one call per block at 64 MiB, a
-    burst on the machine once gave a 4-rank all_reduce `ring_segmented` from 64 MiB, which took
-    105 ms there against `rabenseifner`'s 26 (2026-12-05, the 16:22 set: Gloo 1.44x)."""
+    one in force, the two are timed again, head to head. A challenger that wins that round too
+    makes the rule (the size keeps the two's head-to-head times); one that loses it is out of the
+    running at that size, and the next best of the first round is tried the same way. With one
+    call per block at 64 MiB, a burst on the machine once gave a 4-rank all_reduce
+    `ring_segmented` from 64 MiB, which took 105 ms there against `rabenseifner`'s 26 (2026-12-05,
+    the 16:18 set: Gloo 1.44x)."""
     from algorithms import names
 
     from .bench.cases import colls_call, make_case
@@ -601,14 +603,14 @@ def rules(comm: Communicator, collective: str = "all_reduce",
         case = make_case(collective, nbytes, "sum", "float32", comm.rank, comm.size)
         calls = {name: colls_call(comm, case, name)[0] for name in candidates}
         seconds = call_times(comm, calls)
-        tried: set[str] = set()
         while (timed and case.nbytes > timed[-1][0]
                and (switch := switch_to(rules_from(timed), case.nbytes, seconds)) is not None):
             held, challenger = switch
-            if challenger in tried:
-                break   # it won the head-to-head round too
-            tried.add(challenger)
-            seconds = {**seconds, **call_times(comm, {held: calls[held], challenger: calls[challenger]})}
+            again = call_times(comm, {held: calls[held], challenger: calls[challenger]})
+            if switch_to([(0, held)], case.nbytes, again) is not None:
+                seconds = again   # it won twice: the head-to-head's times make the rule
+                break
+            del seconds[challenger]   # lost: out of this size's running (the others' first times stand)
         timed.append((case.nbytes, seconds))
     return rules_from(timed)
 

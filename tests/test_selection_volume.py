@@ -196,7 +196,11 @@ def test_a_new_rule_must_win_a_head_to_head_round_too(monkeypatch):
               4096: [{"a": 1.0, "b": 0.5, "c": 0.8},    # b a burst's luck, then c: neither holds
                      {"a": 1.0, "b": 1.1}, {"a": 1.0, "c": 0.98}],
               1 << 20: [{"a": 1.0, "b": 0.5, "c": 2.0},    # b twice: a new rule
-                        {"a": 1.0, "b": 0.6}]}
+                        {"a": 1.0, "b": 0.6}],
+              # a loses to b head to head, then a burst slows b in its round with c: neither a
+              # (whose 1.1 beats b's 3.0) nor c (3% only) makes a rule
+              16 << 20: [{"a": 0.5, "b": 1.0, "c": 0.8},
+                         {"a": 1.1, "b": 1.0}, {"b": 3.0, "c": 2.9}]}
     asked = []
 
     def scripted(comm, calls, budget_s=tune.RULE_BUDGET_S):
@@ -217,11 +221,12 @@ def test_a_new_rule_must_win_a_head_to_head_round_too(monkeypatch):
     monkeypatch.setattr(cases, "make_case", tracking)
     monkeypatch.setattr(cases, "colls_call", lambda comm, case, name: (lambda: None, None))
     monkeypatch.setattr("algorithms.names", lambda collective: ["a", "b", "c"])
-    found = colls.spawn(lambda comm: tune.rules(comm, "all_reduce", (8, 4096, 1 << 20)), 1,
+    found = colls.spawn(lambda comm: tune.rules(comm, "all_reduce", (8, 4096, 1 << 20, 16 << 20)), 1,
                         transport="local", timeout=30)[0]
     assert found == [(0, "a"), (1 << 20, "b")]
     assert asked == [(8, ["a", "b", "c"]), (4096, ["a", "b", "c"]), (4096, ["a", "b"]), (4096, ["a", "c"]),
-                     (1 << 20, ["a", "b", "c"]), (1 << 20, ["a", "b"])]
+                     (1 << 20, ["a", "b", "c"]), (1 << 20, ["a", "b"]),
+                     (16 << 20, ["a", "b", "c"]), (16 << 20, ["a", "b"]), (16 << 20, ["b", "c"])]
 
 
 def test_tune_collectives_argument_is_checked_before_measuring():

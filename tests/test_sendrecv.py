@@ -398,6 +398,49 @@ def test_a_written_exchange_whose_header_is_there_is_asked_for_at_once():
     assert late == [True, 1, 1]    # rank 1 asked at once, then wrote its own when asked
 
 
+def _written_exchange_that_fails(comm) -> list:
+    """Rank 0 posts a 2 MiB exchange from small pages into huge ones and waits 0.2 s, so that rank
+    1 (in its exchange since the start) has asked it to write its message; then its receive asks
+    rank 1 for the same and waits in `_wait_written`, whose first poll takes rank 1's request, and
+    the write fails there (planted). Rank 0 returns the error and whether its request to rank 1
+    was withdrawn; rank 1, the error its exchange ended with (its deadline: nobody writes into it)."""
+    from transports.errors import TransportError
+    from transports.shm import HELP_ASK, HELP_WITHDRAWN
+
+    transport, peer = comm.transport, 1 - comm.rank
+    count = 512 << 10
+    send = np.arange(count, dtype=np.int32)                    # 2 MiB of its own: small pages
+    into = np.zeros(4 * count, np.int32)[count:2 * count]     # in 8 MiB: huge pages
+    if comm.rank == 1:
+        try:
+            transport.sendrecv(send, peer, into, peer, TAG, time.monotonic() + 1.5)
+            return ["no error"]
+        except Exception as error:   # noqa: BLE001 (the test reads its type)
+            return [type(error).__name__]
+    sent = transport.sendrecv_post(send, peer, TAG, into=into)
+    time.sleep(0.2)
+
+    def failing(peer, ctl):
+        raise TransportError("planted: the write into the peer failed")
+
+    transport._help = failing
+    try:
+        transport.sendrecv_finish(sent, into, peer, TAG, time.monotonic() + 5)
+        return ["no error"]
+    except TransportError as error:
+        withdrawn = transport.inbound[peer].ctl[HELP_ASK + 3] == HELP_WITHDRAWN
+        time.sleep(2.0)   # alive until rank 1's deadline has passed
+        return [str(error), withdrawn]
+
+
+@pytest.mark.timeout(60)
+def test_a_written_exchange_that_fails_in_its_own_wait_withdraws_its_request():
+    _skip_unless_writing()
+    first, second = colls.spawn(_written_exchange_that_fails, 2, transport="shm", timeout=40)
+    assert first == ["planted: the write into the peer failed", True]
+    assert second == ["CollectiveTimeout"]
+
+
 def _pushed(comm) -> list:
     """Plain 2 MiB exchanges sent from small pages (an array of their own): into a piece of an 8 MiB
     array (huge pages), into an array of their own, reduced into the big array, with a user's tag,

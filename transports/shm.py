@@ -966,14 +966,18 @@ class ShmTransport(Transport):
         number = self.helping[peer]
         out_ctl = self.outbound[send.peer].ctl if send is not None else None
         polls = 0
-        while polls < WRITE_WAIT_POLLS:
-            if out_ctl is not None and out_ctl[HELP_ASK] > self.helped[send.peer]:
-                self._help(send.peer, out_ctl)   # (all of mine, or what its receiver asked for)
-                polls = 0
-            if in_ctl[HELP_DONE] >= number:
-                self._finish_helped(peer)
-                break
-            polls += 1
+        try:
+            while polls < WRITE_WAIT_POLLS:
+                if out_ctl is not None and out_ctl[HELP_ASK] > self.helped[send.peer]:
+                    self._help(send.peer, out_ctl)   # (all of mine, or what its receiver asked for)
+                    polls = 0
+                if in_ctl[HELP_DONE] >= number:
+                    self._finish_helped(peer)
+                    break
+                polls += 1
+        except BaseException:   # (as `wait_all`: my buffer is given back, so no one may write it)
+            self._withdraw_help([request])
+            raise
         self.wait_all([request] if send is None else [send, request], deadline)
 
     def _spin_for_ack(self, send: _Out) -> None:
