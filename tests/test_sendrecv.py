@@ -262,20 +262,28 @@ def test_big_sendrecv_does_not_ask_its_busy_sender_for_help():
         assert cma and helped == 0   # the peer was receiving too: it was not asked to copy for me
 
 
+def _counting(transport, name: str, counts=lambda result: 1) -> list[int]:
+    """Wrap `transport`'s method `name` so that each call adds `counts(its result)` to the one
+    number in the list returned."""
+    counter = [0]
+    method = getattr(transport, name)
+
+    def counted(*args):
+        result = method(*args)
+        counter[0] += counts(result)
+        return result
+
+    setattr(transport, name, counted)
+    return counter
+
+
 def _read_at_once(comm) -> list:
     """Rank 0 sends 3 MiB messages by cross-memory attach, one plain and one to be summed, at once;
     rank 1 receives each 0.2 s later, so its sender's address is there already. Per receive: whether
     it was right, and the receives rank 1 posted for it."""
     transport, deadline = comm.transport, time.monotonic() + 20
     n = (3 << 20) // 4
-    posts = [0]
-    post = transport._post
-
-    def counted(request):
-        posts[0] += 1
-        return post(request)
-
-    transport._post = counted
+    posts = _counting(transport, "_post")
     out = []
     for i, reducer in enumerate((None, SUM.into_left)):
         tag = 5 + i   # a user's tag: no help asked of the sender (`_ask_help`)
@@ -314,23 +322,8 @@ def _exchange_read_at_once(comm) -> list:
     count = 2 << 20
     mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
     want = np.arange(count, dtype=np.int32) + 1000 * peer
-    posts = [0]
-    post = transport._post
-
-    def counted(request):
-        posts[0] += 1
-        return post(request)
-
-    transport._post = counted
-    fast = [0]
-    read_now = transport._read_exchange_now
-
-    def read(*args):
-        taken = read_now(*args)
-        fast[0] += taken
-        return taken
-
-    transport._read_exchange_now = read
+    posts = _counting(transport, "_post")
+    fast = _counting(transport, "_read_exchange_now", lambda taken: taken is True)
     out = []
     for case in ("late", "helped"):
         got = np.zeros(count, np.int32)
@@ -373,15 +366,7 @@ def _written_exchange_asked_at_once(comm) -> list:
     send = np.arange(count, dtype=np.int32) + 1000 * comm.rank   # 2 MiB of its own: small pages
     big = np.zeros(4 * count, np.int32)                           # 8 MiB: huge pages
     into = big[count:2 * count]
-    asked = [0]
-    read_now = transport._read_exchange_now
-
-    def read(*args):
-        taken = read_now(*args)
-        asked[0] += taken is not True and taken is not False
-        return taken
-
-    transport._read_exchange_now = read
+    asked = _counting(transport, "_read_exchange_now", lambda taken: taken is not True and taken is not False)
     wrote = transport.help_writes[peer]
     if comm.rank == 1:
         time.sleep(0.2)
