@@ -620,7 +620,7 @@ def switch_to(fastest: list[tuple[int, str]], nbytes: int,
     """(the algorithm in force, the one to start a new rule with) where `seconds`, the times at
     `nbytes`, would start a new rule after the rules `fastest` of the sizes below: another
     algorithm beats the one in force by RULE_MARGIN. None where they would not (no rule yet, a size
-    at or below the last one measured, no clear win)."""
+    not above where the last rule starts, no clear win)."""
     if not fastest or nbytes <= fastest[-1][0]:
         return None
     held = fastest[-1][1]
