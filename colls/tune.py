@@ -37,6 +37,7 @@ from algorithms.cost import Machine
 from algorithms.ops import SUM
 from transports import cma
 from transports.base import Backoff
+from transports.shm import SLOW_FROM_BYTES
 
 from .bench.cases import fresh_array
 from .bench.machine import MODE_FIELDS, CoreLink
@@ -221,6 +222,40 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
             channel.exchange(buf, 1 - pair.rank, incoming, 1 - pair.rank)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
+
+
+def rewrite_after_read_seconds(pair: Communicator, nbytes: int, rounds: int,
+                               fence: Communicator | None = None) -> float:
+    """What writing `nbytes` of its own buffer costs each rank of a two-rank `pair` on top of a plain
+    write, when the other rank has just read them by cross-memory attach (as a big message's receiver
+    reads its sender's buffer) and both write at once (the slower rank's median, less the same
+    without the reads): the reader's cache holds the lines, and each store must take its line back
+    first. The 2-rank ring all-reduce pays it every call, where each rank reduces into the half of
+    its output its peer read in the call before. 2026-12-05, a 2 MiB reducing exchange: 199-207 us
+    back to back, 1038-1050 us right after the peer read that half, in a state of the VM that
+    alternates with a fast one (213-220 us after a read); and a rank writing alone, its peer idle,
+    paid less (1 MiB: 272 us more, against 407 with both writing). 0.0 where cross-memory attach is
+    not allowed. `fence`: as `after_barrier_seconds`."""
+    fence = pair if fence is None else fence
+    buf, source, landing = ones(nbytes), ones(nbytes, value=2), ones(nbytes)
+    peers = pair.all_gather(np.array([os.getpid(), cma.address_of(buf)], np.int64)).reshape(2, 2)
+    pid, address = (int(value) for value in peers[1 - pair.rank])
+    # (a uint8 buffer of ones: its first 8 bytes read as this int64)
+    readable = cma.probe(pid, address, int.from_bytes(b"\x01" * 8, "little"))
+    if not pair.all_reduce(np.array([int(readable)], np.int64), op="min")[0]:
+        return 0.0
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for read in (False, True):   # in turn, so that both see the same state of the machine
+            fence.barrier()
+            if read:
+                cma.read(pid, address, landing)
+            fence.barrier()
+            start = time.perf_counter()
+            np.copyto(buf, source)
+            times[read].append(time.perf_counter() - start)
+    return max(0.0, statistics.median(slowest(pair, times[True]))
+               - statistics.median(slowest(pair, times[False])))
 
 
 def pinned(cores: set[int]) -> set[int]:
@@ -429,6 +464,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         # in EXCHANGE_PASSES passes over every kind and size, the median of the passes' medians: a
         # burst of load on a shared machine falls on several entries a little rather than on one
         # (in one pass, a profile's plain 4 MiB exchange took 218, 261 and 324 us in three runs)
+        trips = getattr(pair.transport, "slow_trips", 0)   # the slow-slot switch (see below)
         passes = {name: {n: [] for n in PROFILE_MESSAGE_BYTES} for name in EXCHANGE_KINDS}
         for _ in range(EXCHANGE_PASSES):
             for name, how in EXCHANGE_KINDS.items():
@@ -449,6 +485,13 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True, fence=fence)
                                - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
+        # whether the slots copied slowly while the exchanges were timed, so that the big ones went
+        # by cross-memory attach (`ShmTransport._timed_slot_copy`); and a write of lines the other
+        # rank has just read so (from the switch's sizes: a message that big may go so)
+        slots_slow = getattr(pair.transport, "slow_trips", 0) > trips
+        exchanges["rewrite_after_read_s"] = {
+            str(n): rewrite_after_read_seconds(pair, n, rounds[n], fence=fence)
+            for n in PROFILE_MESSAGE_BYTES if n >= min(cma_from, SLOW_FROM_BYTES)}
         spin = spin_seconds(pair, polls)
         one_slot_spin = one_slot_spin_seconds(pair, polls)
         mode_after = link.mode() if link is not None else (None, None)
@@ -459,7 +502,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     # the wake-ups put both ranks on one core themselves (from every core allowed)
     # the ping-pong receives as the schedules do, through the one-slot wait: its spin is that one's
     extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, one_slot_spin),
-             "post_s": post,
+             "post_s": post, "slots_slow": float(slots_slow),
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
              **{f"{name}_{when}": float("nan") if value is None else value
@@ -505,7 +548,7 @@ def profile(comm: Communicator) -> dict:
         hold = mpi_barrier_hold_seconds(extra["one_slot_wake_s"])
         extra["barrier_hold_s"] = float("nan") if hold is None else hold
     modes = tuple(f"{name}_{when}" for name in MODE_FIELDS for when in ("before", "after"))
-    names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
+    names = ("start_s", "spin_s", "wake_s", "post_s", "slots_slow", "receive_reduce_s", "one_slot_spin_s",
              "one_slot_wake_s", "barrier_hold_s", *modes)
     shared = comm.broadcast(np.array([extra.get(name, float("nan")) for name in names]), root=0)
     measured = {name: float(value) for name, value in zip(names, shared, strict=True)}
@@ -525,7 +568,8 @@ def profile(comm: Communicator) -> dict:
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written, "send_s": send,
             **{name: value for name, value in measured.items()
-               if name not in modes and value == value},   # NaN: not measured
+               if name not in modes and name != "slots_slow" and value == value},   # NaN: not measured
+            "slots_slow": measured["slots_slow"] == 1.0,
             # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after
             **{field: [round(value, 1) if value == value else None   # NaN: not measured
                        for value in (measured[f"{field}_before"], measured[f"{field}_after"])]

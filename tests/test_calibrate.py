@@ -782,6 +782,72 @@ def test_a_message_from_a_buffer_its_sender_wrote_reads_at_the_written_rate():
     assert send("receive") == pytest.approx(10e-6 + MIB * 3e-10)
 
 
+def test_a_write_to_lines_another_core_read_pays_for_them_once_over_the_writes_that_cover_them():
+    from transports.sim import SimWorld, root_of, symbolic
+
+    class Network(IdealNetwork):
+        def rewrite_seconds(self, nbytes: int) -> float:
+            return 3e-6 + nbytes * 1e-9   # not proportional: the price is of all the bytes read
+
+    def body(transport):
+        buf = symbolic(MIB, np.uint8)
+        transport.world.unpaid[id(root_of(buf))] = [MIB, MIB]   # another core read all of it
+        start = transport.clock
+        np.copyto(buf[:MIB // 4], symbolic(MIB // 4, np.uint8))   # a quarter, then the rest
+        quarter = transport.clock - start
+        transport.overwrite(buf[MIB // 4:])
+        whole = transport.clock - start
+        np.copyto(buf, symbolic(MIB, np.uint8))   # its lines are mine again: nothing more
+        return quarter, whole, transport.clock - start
+
+    (quarter, whole, again), _ = SimWorld(2, Network(2, 0.0, 0.0)).run(body)
+    assert quarter == pytest.approx((3e-6 + MIB * 1e-9) / 4)
+    assert whole == again == pytest.approx(3e-6 + MIB * 1e-9)
+
+
+def test_the_ring_all_reduce_rewrites_the_half_its_peer_read_in_the_call_before():
+    # rewriting a byte another core read: 0.4 ns more. At 2 ranks the ring's all-gather has the
+    # peer read my half of `out` (cross-memory attach), and the next call's reduce-scatter reduces
+    # into it; its input, which the peer reads too, nobody writes. So the call costs the rewrite of
+    # half its buffer more, and an all_to_all (whose output no peer reads) nothing more
+    rewrite = tuple((n, n * 4e-10) for n in (64 * KIB, 64 * MIB))
+    plain, rewriting = profile(), replace(profile(), rewrite=rewrite)
+    assert SharedMemory(2, plain).rewrite_seconds is None
+    assert rewriting.rewrite_seconds(2 * MIB) == pytest.approx(2 * MIB * 4e-10)
+    assert rewriting.rewrite_seconds(KIB) == pytest.approx(KIB * 4e-10)   # proportional below
+    extra = (predict("all_reduce", "ring", 2, 4 * MIB, rewriting)
+             - predict("all_reduce", "ring", 2, 4 * MIB, plain))
+    assert extra == pytest.approx(2 * MIB * 4e-10, rel=0.05)
+    assert predict("all_to_all", "pairwise", 2, 4 * MIB, rewriting) == \
+        pytest.approx(predict("all_to_all", "pairwise", 2, 4 * MIB, plain), rel=1e-9)
+    # through the FIFO the peer reads the slots, not my buffer: nothing to rewrite, unless the
+    # slots copied slowly and the all-gather's 128 KiB went by cross-memory attach (the reducing
+    # 128 KiB of the reduce-scatter stays in the slots: the switch takes those from 512 KiB)
+    fifo = replace(rewriting, rendezvous=MIB)
+    base = predict("all_reduce", "ring", 2, 256 * KIB, replace(plain, rendezvous=MIB))
+    assert predict("all_reduce", "ring", 2, 256 * KIB, fifo) == pytest.approx(base, rel=1e-9)
+    slow = predict("all_reduce", "ring", 2, 256 * KIB, replace(fifo, slots_slow=True))
+    assert slow - base == pytest.approx(128 * KIB * 4e-10, rel=0.05)
+
+
+def test_with_more_ranks_than_cores_slow_slots_keep_big_messages_and_their_copies_pay_the_rewrite():
+    # the profile's pair (a core each) sent its 256 KiB by cross-memory attach while the slots
+    # copied slowly; 4 ranks on 2 cores keep them in the slots (no slow-slot switch), so the
+    # sender's copy into lines its receiver read the time before costs the rewrite on top
+    rewrite = tuple((n, n * 4e-10) for n in (64 * KIB, 64 * MIB))
+    slow = replace(profile(4, 2), rendezvous=MIB, rewrite=rewrite, slots_slow=True)
+    crowded = SharedMemory(4, slow)
+    crowded.time_sharing = replace(crowded.time_sharing, placement=(0, 1, 0, 1))
+    route = crowded.route_for(0, 1, 256 * KIB)
+    assert route.send_busy == pytest.approx(256 * KIB * 4e-10) and not route.reads_sender
+    assert crowded.route_for(0, 2, 256 * KIB).send_busy == 0.0       # one core: a hand-over
+    assert crowded.route_for(0, 1, 32 * KIB).send_busy == 0.0        # the pair's slots had these
+    roomy = SharedMemory(2, replace(slow, ranks=2)).route_for(0, 1, 256 * KIB)   # a core each: the switch
+    assert roomy.reads_sender and roomy.send_busy == 0.0
+    fast = SharedMemory(2, replace(slow, ranks=2, slots_slow=False)).route_for(0, 1, 256 * KIB)
+    assert not fast.reads_sender and fast.send_busy == 0.0
+
+
 def test_a_reducing_receive_pays_its_call_beyond_gamma():
     from dataclasses import replace
 
@@ -898,6 +964,13 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     # and a 256 KiB exchange
     assert len(measured["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in measured["round_trip_ns"])
     assert len(measured["exchange_us"]) == 2 and all(1 < t < 1e6 for t in measured["exchange_us"])
+    # a write of lines the peer has just read, from the sizes a message may go by cross-memory
+    # attach (0 where the kernel does not allow it); whether the slots copied slowly meanwhile
+    rewrite = {int(n): seconds for n, seconds in measured["rewrite_after_read_s"].items()}
+    assert min(rewrite) == 64 * KIB and max(rewrite) == max(PROFILE_MESSAGE_BYTES)
+    assert all(seconds >= 0 for seconds in rewrite.values())
+    assert isinstance(measured["slots_slow"], bool)
+    assert machine.rewrite == tuple(sorted(rewrite.items())) and machine.slots_slow == measured["slots_slow"]
 
 
 @pytest.mark.timeout(150)

@@ -397,6 +397,7 @@ class ShmTransport(Transport):
         self.last_received = (0, 0)    # the address range of my last sendrecv's big receive buffer
         self.pidfds: dict[int, int] = {}   # per peer, opened when a registered message first comes
         self.slow_until = 0.0   # while time.monotonic() is below it, big messages avoid the slots
+        self.slow_trips = 0     # how often the slots were found slow (`colls.tune.profile` records it)
         # (only where every rank has a core: with more ranks than cores a copy's time includes the
         # turns of the ranks it shares a core with, and a pull waits for its reader to get one. 4
         # ranks on 2 cores, a 512 KiB all_reduce: 540-680 us with the switch, 310 without)
@@ -760,6 +761,7 @@ class ShmTransport(Transport):
                 self.push_slow_until = time.monotonic() + SLOW_HOLD_S
             else:
                 self.slow_until = time.monotonic() + SLOW_HOLD_S
+                self.slow_trips += 1
             copies.clear()   # after the hold, they must show it again
 
     def _registered(self, buf: np.ndarray) -> registered.Region | None:

@@ -134,20 +134,41 @@ def _charge(nbytes: int, kind: str) -> None:
         rank.clock = max(rank.clock, world.now) + (nbytes * rate + fixed) * rank.slowdown
 
 
-def _root(buf: np.ndarray) -> np.ndarray:
+def root_of(buf: np.ndarray) -> np.ndarray:
     """The array that owns `buf`'s memory (every view of one buffer has the same root)."""
     while isinstance(buf.base, np.ndarray):
         buf = buf.base
     return buf
 
 
-def _written(buf: np.ndarray) -> None:
+def _written(buf: np.ndarray, pays: bool = True) -> None:
     """The running rank has written `buf` in this run (a network with `tracks_writes` routes a
-    message from a buffer its sender wrote apart: the receiver reads lines dirty in another cache)."""
+    message from a buffer its sender wrote apart: the receiver reads lines dirty in another cache;
+    one with `rewrite_seconds` charges a write to lines that ranks on other cores have read, now
+    unless not `pays`: a receive's is charged when its bytes land, `SimWorld.deliver`)."""
     rank = _RUNNING[0]
-    if rank is not None and rank.world.written is not None:
-        root = _root(buf)
-        rank.world.written[id(root)] = root
+    if rank is None:
+        return
+    world = rank.world
+    if world.written is not None:
+        root = root_of(buf)
+        world.written[id(root)] = root
+    if pays and world.unpaid:
+        rank.clock = max(rank.clock, world.now) + _rewrite_seconds(world, buf) * rank.slowdown
+
+
+def _rewrite_seconds(world: SimWorld, buf: np.ndarray) -> float:
+    """What writing `buf` adds if ranks on other cores read its lines in the call before (the
+    world's `unpaid`): each store must first take its line back from the reader's cache. The
+    network's price of rewriting as many bytes as were read is shared out over the writes that
+    cover them; those lines are the writer's again after."""
+    owed = world.unpaid.get(id(root_of(buf)))
+    if owed is None or owed[1] <= 0:
+        return 0.0
+    total, left = owed
+    paid = min(buf.nbytes, left)
+    owed[1] = left - paid
+    return world.rewrite_seconds(total) * paid / total
 
 
 # -- the network: links, routes, flows ----------------------------------------------------------
@@ -186,10 +207,15 @@ class Route:
     # message and the bytes cross `then`'s links before they arrive (a FIFO: the sender copies in,
     # then the receiver copies out, while the sender copies its next message in)
     then: Route | None = None
+    # the receiver's own core reads the sender's buffer (cross-memory attach, not a FIFO's slots):
+    # the sender's next write of those lines pays the network's `rewrite_seconds`
+    reads_sender: bool = False
     # a fused exchange's own CPU work (a network's `exchange_route`): its sender holds its core
     # `send_busy` seconds before the bytes leave, its receiver `receive_busy` once they are there
-    # (and its reduction, if any). Only with time sharing does it matter that this is work and not
-    # waiting: a rank that waits lends its core to another after its spin; one that copies does not
+    # (and its reduction, if any); an eager message's `send_busy`, what its sender's copy costs
+    # on this route beyond the network's `send_busy_seconds`. Only with time sharing does it
+    # matter that this is work and not waiting: a rank that waits lends its core to another after
+    # its spin; one that copies does not
     send_busy: float = 0.0
     receive_busy: float = 0.0
     # a pulled message whose receiver asks its sender to copy half (shm's `_ask_help`: a big plain
@@ -448,6 +474,13 @@ class SimWorld:
         # buffers written in this run (reduced into, copied into, received into), by their root's
         # id, when the network routes messages from written buffers apart (`route_for(..., written)`)
         self.written: dict[int, np.ndarray] | None = {} if getattr(network, "tracks_writes", False) else None
+        # a network that prices writing lines another core has just read (`rewrite_seconds(bytes)`):
+        # the bytes of each buffer (by its root's id: [root, bytes]) that ranks on other cores read
+        # in this run, and, seeded from an earlier call's reads, [bytes read, bytes not yet rewritten]
+        # of buffers this run writes again (`colls.plan.calibrate.predict`)
+        self.rewrite_seconds = getattr(network, "rewrite_seconds", None)
+        self.read_by_peers: dict[int, list] | None = {} if self.rewrite_seconds is not None else None
+        self.unpaid: dict[int, list[int]] = {}
         # what the network says of its machine beyond links: a cost per byte of a new buffer (by
         # size; page faults of a fresh mapping), software per posted message, fewer cores than ranks
         self.alloc_seconds_per_byte = getattr(network, "alloc_seconds_per_byte", None)
@@ -713,11 +746,16 @@ class SimWorld:
         """The message has arrived and its receive is posted: complete the receive (γ later if reducing)."""
         recv = message.recv
         done = max(message.arrived, recv.posted)
-        reducing = ((recv.nbytes * self.gamma + self.receive_reduce_seconds) * recv.owner.slowdown
-                    if recv.reducer is not None else 0.0)
+        # the receiver's own work on what lands: its reduction, and writing it into lines ranks on
+        # other cores read in the call before
+        work = ((recv.nbytes * self.gamma + self.receive_reduce_seconds) * recv.owner.slowdown
+                if recv.reducer is not None else 0.0)
         route = message.route
         if self.after_work_bytes is not None and recv.nbytes >= self.after_work_bytes:
             recv.owner.after_work = True
+        read = recv.nbytes   # bytes of the sender's buffer the receiver's core reads (if it does)
+        rewrite = _rewrite_seconds(self, recv.buf) * recv.owner.slowdown if self.unpaid else 0.0
+        work += rewrite
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
             send = message.send
@@ -726,17 +764,21 @@ class SimWorld:
             if route.helped and recv.reducer is None and recv.helpable and not busy:
                 # its half, and its sender the other: as the profile's message, two copies at once
                 # (a read beside it slows it no more: that is the other rank's copy, priced apart)
-                recv.pulled = (per_byte * route.pull, per_byte * route.pull, send)
+                recv.pulled = (per_byte * route.pull + rewrite, per_byte * route.pull + rewrite, send)
+                read -= recv.nbytes // 2
                 send.joins += 1
                 send.pulled = (recv.nbytes * message.sender.slowdown * route.pull, None, send)
                 self._wake(send)
             else:
-                recv.pulled = (per_byte * route.pull + reducing,
-                               per_byte * (route.pull_contended or route.pull) + reducing, send)
+                recv.pulled = (per_byte * route.pull + work,
+                               per_byte * (route.pull_contended or route.pull) + work, send)
         elif route.receive_busy:   # a fused exchange: it copies out (and reduces) on its own core
-            recv.pulled = (route.receive_busy * recv.owner.slowdown + reducing, None, None)
+            recv.pulled = (route.receive_busy * recv.owner.slowdown + work, None, None)
         else:
-            done += reducing
+            done += work
+        if self.read_by_peers is not None and route.reads_sender and self._apart(message.sender, recv.owner):
+            root = root_of(message.send.buf)
+            self.read_by_peers.setdefault(id(root), [root, 0])[1] += read
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
             incoming = message.data.reshape(-1).view(np.uint8).view(recv.buf.dtype)
             if recv.reducer is None:
@@ -747,6 +789,15 @@ class SimWorld:
             self._done_request(recv)
         else:
             self._push(done, _COMPLETE, recv)
+
+    def _apart(self, one: _Rank, other: _Rank) -> bool:
+        """Whether two ranks run on different cores (one core each, placed apart, or last seen so)."""
+        if self._cores is None:
+            return True
+        placement = self._cores.sharing.placement
+        if placement:
+            return placement[one.rank] != placement[other.rank]
+        return one.core is None or other.core is None or one.core != other.core
 
     def pull(self, start: float, alone: float, contended: float, send: _SimRequest) -> float:
         """A receiver's copy from `start`: `alone` seconds, or `contended` if another one is running
@@ -812,6 +863,13 @@ class SimTransport(Transport):
         """Spend `seconds` of this rank's time on work between messages (a model of computing)."""
         self.me.clock = max(self.me.clock, self.world.now) + seconds * self.me.slowdown
 
+    def overwrite(self, buf: np.ndarray) -> None:
+        """This rank writes all of `buf` now, its copying priced apart (`elapse`): only what writing
+        lines that ranks on other cores have read adds (`_rewrite_seconds`)."""
+        if self.world.unpaid:
+            me = self.me
+            me.clock = max(me.clock, self.world.now) + _rewrite_seconds(self.world, buf) * me.slowdown
+
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         return self._send(buf, peer, tag, None)
 
@@ -823,7 +881,7 @@ class SimTransport(Transport):
         world = self.world
         fused = None
         if world.fuses_exchanges:
-            written = world.written is not None and id(_root(send_buf)) in world.written
+            written = world.written is not None and id(root_of(send_buf)) in world.written
             after_work, self.me.after_work = self.me.after_work, False
             # a reducer that reads a third buffer (`Op.from_source`) is priced apart
             reducing = "source" if getattr(reducer, "reads_source", False) else reducer is not None
@@ -856,7 +914,7 @@ class SimTransport(Transport):
         fused = route   # a sendrecv's send on the network's exchange route (priced as the whole step)
         if route is None:
             me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
-            written = world.written is not None and id(_root(buf)) in world.written
+            written = world.written is not None and id(root_of(buf)) in world.written
             route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
                                                                               buf.nbytes, written)
         else:   # the fused step's own copying in
@@ -880,9 +938,13 @@ class SimTransport(Transport):
             else:
                 queue.append(message)
         world.post_send(message)
-        if fused is None and route.eager and world.send_busy_seconds is not None:
+        if fused is None and route.eager:
             # the message left at its post (its timing is the route's); the sender is still copying
-            me.clock += world.send_busy_seconds(buf.nbytes) * me.slowdown
+            # (and, a route's own `send_busy` beside, what its copy costs on that route)
+            busy = route.send_busy
+            if world.send_busy_seconds is not None:
+                busy += world.send_busy_seconds(buf.nbytes)
+            me.clock += busy * me.slowdown
         return request
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
@@ -894,8 +956,7 @@ class SimTransport(Transport):
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
                    post: bool = True, helpable: bool = True) -> Request:
         me = self.me
-        if self.world.written is not None:
-            _written(buf)   # what arrives is written into it by this rank
+        _written(buf, pays=False)   # what arrives is written into it by this rank (when it does)
         me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
         request.helpable = helpable

@@ -46,8 +46,15 @@ import numpy as np
 
 from algorithms import lookup
 from transports.cma import HUGE_FROM_BYTES
-from transports.shm import HELP_BYTES, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
-from transports.sim import Link, Route, SimTransport, TimeSharing
+from transports.shm import (
+    HELP_BYTES,
+    SLOW_FROM_BYTES,
+    SLOW_REDUCE_FROM_BYTES,
+    exchange_rendezvous_bytes,
+    fifo_geometry,
+    rendezvous_bytes,
+)
+from transports.sim import Link, Route, SimTransport, TimeSharing, root_of
 
 from .simulate import run_algorithm, run_world
 
@@ -128,6 +135,15 @@ class Profile:
     # 4 MiB (`colls.bench.cases.fresh_array`): they have an exchange threshold of their own
     # (`transports.shm.exchange_huge_bytes`); `exchange` holds them in small pages below 4 MiB
     exchange_huge: tuple[tuple[int, float], ...] = ()
+    # (bytes, seconds) a rank's write of that many bytes of a buffer costs on top of a plain one when
+    # a rank on another core has just read them by cross-memory attach, both ranks writing at once
+    # (`colls.tune.rewrite_after_read_seconds`); empty: unmeasured, nothing
+    rewrite: tuple[tuple[int, float], ...] = ()
+    # whether the profile's transport sent big messages by cross-memory attach because its slots
+    # copied slowly (`ShmTransport.slow_trips`), and the size a plain exchange from huge pages
+    # moves so from (`exchange_huge_bytes`; 0: unknown)
+    slots_slow: bool = False
+    exchange_huge_rendezvous: int = 0
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -183,7 +199,13 @@ class Profile:
                    barrier_hold=combine([e["barrier_hold_s"] for e in entries])
                    if all(e.get("barrier_hold_s") is not None for e in entries) else None,
                    exchange_huge=median_table("exchange_huge_s")
-                   if all(e.get("exchange_huge_s") for e in entries) else ())
+                   if all(e.get("exchange_huge_s") for e in entries) else (),
+                   rewrite=median_table("rewrite_after_read_s")
+                   if all(e.get("rewrite_after_read_s") for e in entries) else (),
+                   slots_slow=combine([float(e.get("slots_slow", False)) for e in entries]) > 0.5,
+                   exchange_huge_rendezvous=int(combine([e["exchange_cma_bytes"]["plain_huge"]
+                                                         for e in entries]))
+                   if all("plain_huge" in e.get("exchange_cma_bytes", {}) for e in entries) else 0)
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -268,6 +290,17 @@ class Profile:
                 ratios.append((size, max(1.0, (seconds - post - alpha) / size / beta)))
         return _interpolate(ratios, nbytes) if ratios else 1.0
 
+    def rewrite_seconds(self, nbytes: int) -> float:
+        """What writing `nbytes` that a rank on another core has just read adds to the write: linear
+        between the measured sizes (the last two's slope beyond them, proportional below the
+        smallest), at least 0."""
+        table = self.rewrite
+        if not table:
+            return 0.0
+        if nbytes <= table[0][0]:
+            return max(0.0, table[0][1] * nbytes / table[0][0])
+        return max(0.0, _linear(list(table), nbytes))
+
     def reduce_seconds_per_byte(self, nbytes: int) -> float:
         """γ for a call of `nbytes` (what a byte adds to a sum beyond the sum's own `reduce_call`)."""
         return max(0.0, _interpolate(list(self.reduce), nbytes) - self.reduce_call / max(nbytes, 1))
@@ -329,9 +362,35 @@ class SharedMemory:
         self.after_work_bytes = self.in_place_exchange_bytes + 1 if profile.exchange_after_copy else None
         # each sum and copy the algorithm code makes, whatever its size (numpy's own call)
         self.reduce_call_seconds, self.copy_call_seconds = profile.reduce_call, profile.copy_call
+        # a write to lines a rank on another core has read by cross-memory attach pays for taking
+        # them back (`Profile.rewrite`); the sim tells which writes, from which messages it read
+        self.rewrite_seconds = profile.rewrite_seconds if profile.rewrite else None
 
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
+
+    @property
+    def slow_slot_switch(self) -> bool:
+        """Whether big messages went by cross-memory attach because the slots copied slowly: as
+        the profile's pair found them, where every rank has a core (with more ranks than cores the
+        shm transport keeps them in the slots: `ShmTransport.__init__`)."""
+        return self.profile.slots_slow and not self.shares_cores
+
+    def _slot_rewrite(self, src: int, dst: int, nbytes: int, reducing: bool | str = False) -> float:
+        """What a message's copy into the slots adds to its sender's work while they copy slowly
+        and the transport keeps it there (more ranks than cores), priced from the tables of the
+        profile's pair, which sent it by cross-memory attach: each slot's lines were read by the
+        receiver's core the time before, so the copy takes them back (`Profile.rewrite`). None
+        between ranks placed on one core."""
+        profile = self.profile
+        if not (profile.rewrite and profile.slots_slow and self.shares_cores):
+            return 0.0
+        if nbytes < (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES):
+            return 0.0   # the pair kept these in its slots too: their times have it
+        placement = self.time_sharing.placement
+        if placement and placement[src] == placement[dst]:
+            return 0.0
+        return profile.rewrite_seconds(nbytes)
 
     def _send_busy(self, nbytes: int) -> float:
         """Seconds a FIFO send of `nbytes` keeps its sender beyond its post."""
@@ -353,6 +412,11 @@ class SharedMemory:
                 and nbytes <= profile.exchange_huge[-1][0])
         if nbytes >= profile.exchange_limit(reducing) and not huge:
             return None
+        # priced from the tables, but moved by cross-memory attach all the same: from huge pages
+        # beyond their threshold, or beyond the slow-slot sizes while the slots copy slowly
+        attached = ((huge and 0 < profile.exchange_huge_rendezvous <= nbytes)
+                    or (self.slow_slot_switch
+                        and nbytes >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)))
         seconds = (_linear(list(profile.exchange_huge), nbytes) if huge
                    else profile.exchange_seconds(nbytes, reducing, written, after_work))
         alone = seconds
@@ -384,8 +448,10 @@ class SharedMemory:
             send_busy = receive_busy = seconds * (min(0.5, own / alone) if alone > 0 else 0.5)
         else:   # an older profile, without the sender's own time: all of it waiting, as before
             send_busy = receive_busy = 0.0
+        if not attached:
+            send_busy += self._slot_rewrite(src, dst, nbytes, reducing)
         return Route(seconds - send_busy - receive_busy, (), f"fifo to {dst}", eager=True,
-                     send_busy=send_busy, receive_busy=receive_busy)
+                     send_busy=send_busy, receive_busy=receive_busy, reads_sender=attached)
 
     def route(self, src: int, dst: int) -> Route:
         """A message of no size (the sim asks `route_for` with the size)."""
@@ -401,6 +467,9 @@ class SharedMemory:
         alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
         port = f"fifo to {dst}"   # one FIFO per peer: headers to different peers do not queue
         if nbytes < self.profile.rendezvous:
+            # (while the slots copy slowly, a big one goes by cross-memory attach, as measured)
+            attached = self.slow_slot_switch and nbytes >= SLOW_FROM_BYTES
+            rewrite = 0.0 if attached else self._slot_rewrite(src, dst, nbytes)
             if self.footprint > nbytes:
                 # a piece of a bigger call copies at no better rate than a copy of the call's
                 # size, as the exchanges and the reads below: its lines come from where the call's
@@ -418,9 +487,10 @@ class SharedMemory:
                 # 64 pieces through 3 hops of two copies on 2 cores, came out at 1073 us; 5391
                 # measured)
                 return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
-                             receive_busy=nbytes * beta / 2)
+                             receive_busy=nbytes * beta / 2, reads_sender=attached, send_busy=rewrite)
             return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
-                         then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight))
+                         then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight,
+                                    reads_sender=attached), send_busy=rewrite, reads_sender=attached)
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
         if size > nbytes:
             beta = self.profile.message_cost(size)[1] or beta
@@ -429,9 +499,10 @@ class SharedMemory:
         helped = nbytes >= HELP_BYTES
         if written:
             return Route(alpha, (), port, rendezvous=True, pull=beta * self.profile.written_slowdown(size),
-                         pull_contended=beta * self.profile.written_contention(size), helped=helped)
+                         pull_contended=beta * self.profile.written_contention(size), helped=helped,
+                         reads_sender=True)
         return Route(alpha, (), port, rendezvous=True, pull=beta,
-                     pull_contended=beta * self.profile.contention(size), helped=helped)
+                     pull_contended=beta * self.profile.contention(size), helped=helped, reads_sender=True)
 
 
 @dataclass(frozen=True)
@@ -471,29 +542,63 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     reads_x = collective == "all_reduce" and getattr(lookup(collective, algorithm), "takes_source", False)
     copies_input = collective == "all_reduce" and not reads_x
 
+    # `colls bench` makes the same call on the same buffers again and again: where the profile
+    # prices writing lines another core has read (`Profile.rewrite`), a first call tells which
+    # bytes of each rank's buffers other ranks read, and the timed call pays for writing them again
+    # (the 2-rank ring all-reduce reduces into the half of `out` its peer read the call before)
+    made: dict[int, tuple] = {}
+    worlds: list = []
+    owed: dict[int, list[int]] = {}   # rank -> per argument, the bytes other cores read of it
+
+    def before(transport: SimTransport, args: tuple) -> None:
+        made[transport.rank] = args
+        if not worlds:
+            worlds.append(transport.world)
+        buffers = [arg for arg in args if isinstance(arg, np.ndarray)]
+        for buf, read in zip(buffers, owed.get(transport.rank, [0] * len(buffers)), strict=True):
+            if read:
+                transport.world.unpaid[id(root_of(buf))] = [read, read]
+        if copies_input:   # the input's copy into `out` (its lines' return included)
+            transport.elapse(nbytes * copy)
+            transport.overwrite(buffers[0])
+
     def body(transport: SimTransport) -> int:
         transport.elapse(overhead)   # describe, select, deliver; the first message after the barrier
-        if copies_input:
-            transport.elapse(nbytes * copy)
-        return run_algorithm(transport, collective, algorithm, nbytes, source=reads_x)
+        return run_algorithm(transport, collective, algorithm, nbytes, source=reads_x, before=before)
 
     gamma = profile.reduce_seconds_per_byte(footprint)
+
+    def timed(network: SharedMemory) -> float:
+        if network.rewrite_seconds is not None:
+            run_world(ranks, replace_network(network), body, gamma, copy)   # the call before
+            reads = worlds[0].read_by_peers
+            owed.update({rank: [reads.get(id(root_of(arg)), (None, 0))[1] for arg in args
+                                if isinstance(arg, np.ndarray)] for rank, args in made.items()})
+        seconds = run_world(ranks, network, body, gamma, copy).seconds
+        made.clear(), worlds.clear(), owed.clear()
+        return seconds
+
+    def replace_network(network: SharedMemory) -> SharedMemory:
+        fresh = SharedMemory(ranks, profile, cores, footprint)
+        fresh.time_sharing = network.time_sharing
+        return fresh
+
     cores_used = network.time_sharing.cores
     per = ranks // cores_used
     ways = math.factorial(ranks) // (math.factorial(per) ** cores_used * math.factorial(cores_used))
     if placement is not None and cores_used < ranks:
         network.time_sharing = replace(network.time_sharing,
                                        placement=tuple(core % cores_used for core in placement))
-        return run_world(ranks, network, body, gamma, copy).seconds
+        return timed(network)
     if not (cores_used < ranks and ranks % cores_used == 0) or ways > MAX_PLACEMENTS:
-        return run_world(ranks, network, body, gamma, copy).seconds
+        return timed(network)
     # more ranks than cores: each rank stays on the run queue of one core (the kernel's placement,
     # as even as it can make it), so the model takes the median over the ways to deal the ranks out
     times = []
     for placement in placements(ranks, cores_used):
         placed = SharedMemory(ranks, profile, cores, footprint)
         placed.time_sharing = replace(placed.time_sharing, placement=placement)
-        times.append(run_world(ranks, placed, body, gamma, copy).seconds)
+        times.append(timed(placed))
     return float(np.median(times))
 
 

@@ -82,17 +82,21 @@ def arguments(collective: str, rank: int, size: int, nbytes: int, dtype=np.float
 
 
 def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbytes: int,
-                  dtype=np.float32, root: int = 0, source: bool = False) -> int:
+                  dtype=np.float32, root: int = 0, source: bool = False,
+                  before: Callable[[SimTransport, tuple], None] | None = None) -> int:
     """One rank's call of the registered `algorithm` of `collective` on symbolic buffers; returns
     the bytes this rank sent (counted by the same `Traffic` counters real runs use). `source`: an
     all_reduce schedule that reads its input itself gets one apart from its buffer, as
-    `Communicator.all_reduce(x, out=...)` passes it."""
+    `Communicator.all_reduce(x, out=...)` passes it. `before(transport, arguments)` runs once the
+    buffers are made, before the schedule (the caller's own work on them)."""
     algo = lookup(collective, algorithm)
     traffic = Traffic(transport.size)
     channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})", traffic)
     args = arguments(collective, transport.rank, transport.size, nbytes, dtype, root)
     if source and collective == "all_reduce" and algo.takes_source:
         args = (*args, symbolic(args[0].size, dtype))
+    if before is not None:
+        before(transport, args)
     algo.run(channel, *args)
     return sum(traffic.bytes_sent)
 
