@@ -909,7 +909,7 @@ def test_a_call_of_more_ranks_reads_the_rates_of_more_memory():
         1.2 * predict("all_reduce", "ring", 4, MIB, machine(4, flat))
 
 
-def test_more_ranks_than_cores_predict_the_median_over_placements():
+def test_more_ranks_than_cores_predict_the_mean_over_placements():
     import statistics
     from dataclasses import replace
 
@@ -929,7 +929,7 @@ def test_more_ranks_than_cores_predict_the_median_over_placements():
         network.time_sharing = replace(network.time_sharing, placement=placement)
         times.append(run_world(4, network, body, machine.reduce_seconds_per_byte(2 * MIB),
                                machine.copy_seconds_per_byte(2 * MIB)).seconds)
-    assert predict("broadcast", "pipeline", 4, MIB, machine) == pytest.approx(statistics.median(times))
+    assert predict("broadcast", "pipeline", 4, MIB, machine) == pytest.approx(statistics.mean(times))
     # on 4 cores nothing is shared: faster than any placement on 2
     assert predict("broadcast", "pipeline", 4, MIB, machine, cores=4) < min(times)
 

@@ -25,7 +25,7 @@ machine's shared memory whose constants come from a profile that `colls run -n N
 - ranks beyond the cores time-share them: a rank that waits polls `spin`, then yields its core,
   and one that takes a yielded core back pays `wake` (both measured); each rank stays on one
   core's run queue (a yield hands the core only to a rank queued there), and the prediction is the
-  median over the even ways to deal the ranks to the cores;
+  mean over the even ways to deal the ranks to the cores;
 - posting a send or a receive costs the posting rank's own CPU (`post`: an 8 B exchange less one
   message), the rest of α is the route's; a send through the FIFO keeps its sender as long as one
   kept rank 0 in the profile (`send`: posting and copying in, which the transport does inside
@@ -527,7 +527,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
             cores: int | None = None, placement: tuple[int, ...] | None = None) -> float:
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included).
     `placement`: each rank's core, as `colls bench --pin` recorded it; None: as the kernel deals
-    the ranks out (the median over the even ways, with more ranks than cores)."""
+    the ranks out (the mean over the even ways, with more ranks than cores)."""
     # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
     # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
     # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
@@ -593,13 +593,18 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     if not (cores_used < ranks and ranks % cores_used == 0) or ways > MAX_PLACEMENTS:
         return timed(network)
     # more ranks than cores: each rank stays on the run queue of one core (the kernel's placement,
-    # as even as it can make it), so the model takes the median over the ways to deal the ranks out
+    # as even as it can make it), so the model runs every way to deal the ranks out. It takes their
+    # mean: a launch's calls mix them (the balancer moves ranks between queues; launches agree by
+    # their medians within 4-10% where the placements' times differ by up to 5x), and the middle
+    # one flips where one way's wait crosses the spin (a 4 KiB binomial broadcast: 7-11 us or
+    # 37-46 us by profile, 18.1 measured). Five 4-rank batches of 2026-12-05 (median and fastest,
+    # ten comparisons): 2.2-4.1 points closer in eight, 2.4 and 5.3 further in one batch's two
     times = []
     for placement in placements(ranks, cores_used):
         placed = SharedMemory(ranks, profile, cores, footprint)
         placed.time_sharing = replace(placed.time_sharing, placement=placement)
         times.append(timed(placed))
-    return float(np.median(times))
+    return float(np.mean(times))
 
 
 MAX_PLACEMENTS = 100   # beyond: every rank takes any free core (no placement)
