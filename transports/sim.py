@@ -956,7 +956,8 @@ class SimTransport(Transport):
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
                    post: bool = True, helpable: bool = True) -> Request:
         me = self.me
-        _written(buf, pays=False)   # what arrives is written into it by this rank (when it does)
+        if self.world.written is not None:
+            _written(buf, pays=False)   # what arrives is written into it by this rank (when it lands)
         me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
         request.helpable = helpable
