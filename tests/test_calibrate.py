@@ -848,6 +848,32 @@ def test_with_more_ranks_than_cores_slow_slots_keep_big_messages_and_their_copie
     assert not fast.reads_sender and fast.send_busy == 0.0
 
 
+def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cross_memory_attach(monkeypatch):
+    import threading
+
+    from colls.communicator import Communicator
+    from colls.tune import rewrite_after_read_seconds
+    from transports.local import LocalWorld
+
+    def both(rounds: int) -> list[float]:
+        world, got = LocalWorld(2), [None, None]
+
+        def rank_main(rank: int) -> None:
+            got[rank] = rewrite_after_read_seconds(Communicator(world.transport(rank)), 64 * KIB, rounds)
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        return got
+
+    measured = both(5)
+    assert measured[0] is not None and measured[0] == measured[1] and measured[0] >= 0.0
+    monkeypatch.setenv("COLLS_SHM_CMA", "0")   # the peer's memory may not be read: nothing to price
+    assert both(5) == [0.0, 0.0]
+
+
 def test_a_reducing_receive_pays_its_call_beyond_gamma():
     from dataclasses import replace
 
