@@ -874,6 +874,32 @@ def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cros
     assert both(5) == [0.0, 0.0]
 
 
+def test_a_planned_small_call_prices_its_exchanges_as_the_persistent_ones_measured():
+    from colls.plan.calibrate import persistent_steps
+
+    # which bench calls a communicator plans with persistent exchanges (`colls.describe.Plan`)
+    assert persistent_steps("all_reduce", "recursive_doubling", 2, KIB)
+    assert persistent_steps("all_to_all", "pairwise", 2, KIB)      # each step: one peer both ways
+    assert not persistent_steps("all_to_all", "pairwise", 4, KIB)  # sends to r+s, receives from r-s
+    assert not persistent_steps("all_reduce", "ring", 2, KIB)
+    assert not persistent_steps("all_reduce", "recursive_doubling", 2, MIB)   # beyond PLAN_BYTES
+    assert not persistent_steps("broadcast", "binomial", 2, KIB)
+    # a sendrecv 5 us + 1 ns/B; made persistent 3 us + 1 ns/B, reducing or not
+    sendrecv = tuple((n, 5e-6 + n * 1e-9) for n in (8, 16 * KIB))
+    persistent = tuple((n, 3e-6 + n * 1e-9) for n in (8, 16 * KIB))
+    base = replace(profile(), rendezvous=MIB, exchange=sendrecv, exchange_reduce=sendrecv)
+    measured = replace(base, exchange_persistent=persistent, exchange_persistent_reduce=persistent)
+    for collective, algorithm in (("all_reduce", "recursive_doubling"), ("all_to_all", "pairwise")):
+        saved = (predict(collective, algorithm, 2, KIB, base)
+                 - predict(collective, algorithm, 2, KIB, measured))
+        assert saved == pytest.approx(2e-6, rel=0.05), collective   # one exchange, 2 us less
+    # a call that is not planned so, or a size beyond what was measured, as before
+    assert predict("all_reduce", "ring", 2, KIB, measured) == \
+        pytest.approx(predict("all_reduce", "ring", 2, KIB, base))
+    assert predict("all_to_all", "pairwise", 2, 64 * KIB, measured) == \
+        pytest.approx(predict("all_to_all", "pairwise", 2, 64 * KIB, base))
+
+
 def test_a_reducing_receive_pays_its_call_beyond_gamma():
     from dataclasses import replace
 
@@ -996,6 +1022,12 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     assert min(rewrite) == 64 * KIB and max(rewrite) == max(PROFILE_MESSAGE_BYTES)
     assert all(seconds >= 0 for seconds in rewrite.values())
     assert isinstance(measured["slots_slow"], bool)
+    # the exchanges of a planned small call, made persistent, at the sizes a call is planned
+    for table in ("exchange_persistent_s", "exchange_persistent_reduce_s"):
+        assert sorted(int(n) for n in measured[table]) == [n for n in PROFILE_MESSAGE_BYTES if n <= 64 * KIB]
+        assert all(seconds > 0 for seconds in measured[table].values())
+    assert machine.exchange_persistent_reduce[0] == \
+        (8, pytest.approx(measured["exchange_persistent_reduce_s"]["8"]))
     assert machine.rewrite == tuple(sorted(rewrite.items())) and machine.slots_slow == measured["slots_slow"]
 
 

@@ -44,7 +44,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from algorithms import lookup
+from algorithms import SUM, lookup
+from colls.describe import PLAN_BYTES
 from transports.cma import HUGE_FROM_BYTES
 from transports.shm import (
     HELP_BYTES,
@@ -144,6 +145,10 @@ class Profile:
     # moves so from (`exchange_huge_bytes`; 0: unknown)
     slots_slow: bool = False
     exchange_huge_rendezvous: int = 0
+    # (bytes, seconds) of the exchanges a planned small call makes, persistent (`colls.tune.
+    # persistent_exchange_seconds`): plain into another buffer, and a float32 sum in place
+    exchange_persistent: tuple[tuple[int, float], ...] = ()
+    exchange_persistent_reduce: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def load(cls, paths: list[str], runs: str = "median") -> Profile:
@@ -205,7 +210,9 @@ class Profile:
                    slots_slow=combine([float(e.get("slots_slow", False)) for e in entries]) > 0.5,
                    exchange_huge_rendezvous=int(combine([e["exchange_cma_bytes"]["plain_huge"]
                                                          for e in entries]))
-                   if all("plain_huge" in e.get("exchange_cma_bytes", {}) for e in entries) else 0)
+                   if all("plain_huge" in e.get("exchange_cma_bytes", {}) for e in entries) else 0,
+                   **{name: median_table(f"{name}_s") if all(e.get(f"{name}_s") for e in entries) else ()
+                      for name in ("exchange_persistent", "exchange_persistent_reduce")})
 
     def message_cost(self, nbytes: int) -> tuple[float, float]:
         """(α, β) of one message of `nbytes`: the measured one-way times of its protocol, linear in
@@ -325,12 +332,16 @@ class Profile:
 class SharedMemory:
     """One machine's ranks: a CPU link per rank, and the cores that every copying flow shares."""
 
-    def __init__(self, size: int, profile: Profile, cores: int | None = None, footprint: int = 0) -> None:
+    def __init__(self, size: int, profile: Profile, cores: int | None = None, footprint: int = 0,
+                 planned: bool = False) -> None:
         capacity = 1 / REFERENCE_SECONDS_PER_BYTE
         self.cpu = [Link(f"rank{r}.cpu", capacity) for r in range(size)]
         self.cores = Link("cores", (cores or profile.cores) * capacity)
         self.profile = profile
         self.footprint = footprint   # the call's bytes: whether its pieces stream from cache or memory
+        # a planned small call (`colls.describe.Plan`): its exchanges are persistent, and cost what
+        # the profile's persistent ones did (`Profile.exchange_persistent`), where it measured them
+        self.planned = planned
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up;
         # taking a yielded core back costs a switch whatever wait gave it up, so at least the
         # one-slot hand-over measured (profiles before 2026-12-05 measured the general wake-up as 0:
@@ -417,10 +428,17 @@ class SharedMemory:
         attached = ((huge and 0 < profile.exchange_huge_rendezvous <= nbytes)
                     or (self.slow_slot_switch
                         and nbytes >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)))
-        seconds = (_linear(list(profile.exchange_huge), nbytes) if huge
-                   else profile.exchange_seconds(nbytes, reducing, written, after_work))
+        persistent = (profile.exchange_persistent_reduce if reducing else profile.exchange_persistent
+                      ) if self.planned else ()
+        persistent = persistent if persistent and nbytes <= persistent[-1][0] else ()
+        if persistent:
+            seconds = _linear(list(persistent), nbytes)
+        elif huge:
+            seconds = _linear(list(profile.exchange_huge), nbytes)
+        else:
+            seconds = profile.exchange_seconds(nbytes, reducing, written, after_work)
         alone = seconds
-        if self.footprint > nbytes and not huge:
+        if self.footprint > nbytes and not (huge or persistent):
             # a piece of a bigger call moves its bytes at no better rate than an exchange of the
             # call's size (as `route_for` prices a big piece): its lines come from where the call's
             # bytes live. A 2-rank 1 MiB ring_segmented makes four 256 KiB exchanges in 184 us,
@@ -523,6 +541,23 @@ class Point:
         return self.predicted / self.measured - 1
 
 
+def persistent_steps(collective: str, algorithm: str, ranks: int, nbytes: int) -> bool:
+    """Whether `colls bench`'s calls of `algorithm` make their exchanges persistent: a planned
+    small call (`colls.describe.Plan`, as `Communicator` plans it): an all_reduce whose algorithm
+    is in-place exchanges only, an all_to_all or all_gather whose every step sends to the peer it
+    receives from, up to `PLAN_BYTES` (float32 buffers, as the bench's)."""
+    if nbytes > PLAN_BYTES or algorithm == "hierarchical":
+        return False
+    algo = lookup(collective, algorithm)
+    if collective == "all_reduce":
+        return algo.exchanges is not None and all(algo.exchanges(rank, ranks, SUM) for rank in range(ranks))
+    if collective in ("all_to_all", "all_gather") and algo.schedule is not None:
+        count = nbytes // 4 // (ranks if collective == "all_gather" else 1)
+        return all(all(dst == src for dst, _, _, src, _ in algo.schedule(rank, ranks, count).steps)
+                   for rank in range(ranks))
+    return False
+
+
 def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
             cores: int | None = None, placement: tuple[int, ...] | None = None) -> float:
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included).
@@ -533,7 +568,8 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
     # within a 2-rank call and 585 us within a 4-rank one)
     footprint = int(nbytes * max(1.0, ranks / 2))
-    network = SharedMemory(ranks, profile, cores, footprint)
+    planned = persistent_steps(collective, algorithm, ranks, nbytes)
+    network = SharedMemory(ranks, profile, cores, footprint, planned)
     copy = profile.copy_seconds_per_byte(footprint)
     overhead = profile.call.get(collective, 0.0) + profile.start
 
@@ -579,7 +615,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
         return seconds
 
     def replace_network(network: SharedMemory) -> SharedMemory:
-        fresh = SharedMemory(ranks, profile, cores, footprint)
+        fresh = SharedMemory(ranks, profile, cores, footprint, planned)
         fresh.time_sharing = network.time_sharing
         return fresh
 
@@ -601,7 +637,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     # ten comparisons): 2.2-4.1 points closer in eight, 2.4 and 5.3 further in one batch's two
     times = []
     for placement in placements(ranks, cores_used):
-        placed = SharedMemory(ranks, profile, cores, footprint)
+        placed = SharedMemory(ranks, profile, cores, footprint, planned)
         placed.time_sharing = replace(placed.time_sharing, placement=placement)
         times.append(timed(placed))
     return float(np.mean(times))
