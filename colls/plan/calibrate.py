@@ -553,8 +553,9 @@ def persistent_steps(collective: str, algorithm: str, ranks: int, nbytes: int) -
         return algo.exchanges is not None and all(algo.exchanges(rank, ranks, SUM) for rank in range(ranks))
     if collective in ("all_to_all", "all_gather") and algo.schedule is not None:
         count = nbytes // 4 // (ranks if collective == "all_gather" else 1)
-        return all(all(dst == src for dst, _, _, src, _ in algo.schedule(rank, ranks, count).steps)
-                   for rank in range(ranks))
+        schedules = [algo.schedule(rank, ranks, count) for rank in range(ranks)]
+        return all(schedule is not None and all(dst == src for dst, _, _, src, _ in schedule.steps)
+                   for schedule in schedules)
     return False
 
 
