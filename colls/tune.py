@@ -515,8 +515,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                                - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
         # whether the slots copied slowly while the exchanges were timed, so that the big ones went
-        # by cross-memory attach (`ShmTransport._timed_slot_copy`); and a write of lines the other
-        # rank has just read so (from the switch's sizes: a message that big may go so)
+        # by cross-memory attach (`ShmTransport._timed_slot_copy`)
         slots_slow = getattr(pair.transport, "slow_trips", 0) > trips
         # the exchanges of a planned small call (made persistent), at the sizes it plans
         for name, reduce in (("exchange_persistent_s", False), ("exchange_persistent_reduce_s", True)):
@@ -524,6 +523,8 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
                 str(n): statistics.median(persistent_exchange_seconds(pair, rounds[n], n, reduce, fence)
                                           for _ in range(EXCHANGE_PASSES))
                 for n in PROFILE_MESSAGE_BYTES if n <= PLAN_BYTES}
+        # a write of lines the other rank has just read by cross-memory attach (from the slow-slot
+        # switch's sizes: a message that big may go so)
         exchanges["rewrite_after_read_s"] = {
             str(n): rewrite_after_read_seconds(pair, n, rounds[n], fence=fence)
             for n in PROFILE_MESSAGE_BYTES if n >= min(cma_from, SLOW_FROM_BYTES)}

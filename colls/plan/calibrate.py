@@ -612,7 +612,8 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
             owed.update({rank: [reads.get(id(root_of(arg)), (None, 0))[1] for arg in args
                                 if isinstance(arg, np.ndarray)] for rank, args in made.items()})
         seconds = run_world(ranks, network, body, gamma, copy).seconds
-        made.clear(), worlds.clear(), owed.clear()
+        for state in (made, worlds, owed):   # (the next placement starts afresh)
+            state.clear()
         return seconds
 
     def replace_network(network: SharedMemory) -> SharedMemory:
