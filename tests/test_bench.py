@@ -174,9 +174,13 @@ def test_more_ranks_than_cpus_still_record_the_machines_mode(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     records = json.loads((tmp_path / "out.json").read_text())["records"]
     assert len(records) == 2
+    allowed = os.sched_getaffinity(0)
     for record in records:
         assert len(record["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in record["round_trip_ns"])
         assert len(record["exchange_us"]) == 2 and all(1 < t < 1e6 for t in record["exchange_us"])
+        # where each rank ran as the point began and ended: CPUs this machine lets it run on
+        cpus = record["cpus"]
+        assert len(cpus) == 4 and all(len(pair) == 2 and set(pair) <= allowed for pair in cpus), cpus
 
 
 @needs_mpi

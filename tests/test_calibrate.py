@@ -14,11 +14,14 @@ import pytest
 from colls.plan.calibrate import (
     Profile,
     SharedMemory,
+    compare,
     in_mode,
     load_profiles,
     measured_medians,
+    placements_seen,
     predict,
     reproducibility,
+    seen_placement,
 )
 from colls.plan.simulate import run_world
 from transports.sim import IdealNetwork, TimeSharing
@@ -385,6 +388,39 @@ def test_a_pinned_point_is_predicted_at_its_placement():
     # on as many cores as ranks a recorded placement shares nothing
     spread = predict("broadcast", "pipeline", 4, MIB, machine, cores=4, placement=(0, 1, 2, 3))
     assert spread == pytest.approx(predict("broadcast", "pipeline", 4, MIB, machine, cores=4))
+
+
+def test_where_the_bench_saw_unpinned_ranks_is_read_and_gives_a_row_per_placement_on_request(tmp_path):
+    # each rank's CPU as the point began and ended: the cores numbered as the ranks first name them
+    assert seen_placement({"cpus": [[1, 1], [0, 0], [1, 1], [0, 0]]}) == (0, 1, 0, 1)
+    assert seen_placement({"cpus": [[0, 0], [1, 1], [1, 1], [0, 0]]}) == (0, 1, 1, 0)
+    assert seen_placement({"cpus": [[0, 0], [1, 0], [1, 1], [0, 0]]}) is None   # rank 1 moved
+    assert seen_placement({}) is None
+    machine = profile(4, 2, spin=2e-5, wake=2e-5)
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "pipeline", "ranks": 4,
+              "bytes": MIB}
+    runs = []
+    for i, (seconds, cpus) in enumerate(((3e-4, [[1, 1], [1, 1], [0, 0], [0, 0]]),
+                                         (5e-4, [[1, 1], [0, 0], [0, 0], [1, 1]]),
+                                         (4e-4, [[0, 0], [1, 1], [1, 1], [0, 0]]),
+                                         (9e-4, [[0, 0], [1, 0], [1, 1], [0, 0]]))):
+        path = tmp_path / f"bench{i}.json"
+        path.write_text(json.dumps({"records": [dict(record, time_median_s=seconds, cpus=cpus)]}))
+        runs.append(str(path))
+    assert placements_seen(runs) == {4: {"0011": 1, "0110": 2, "-": 1}}
+    # by default one row, predicted as the mean over every placement
+    (point,) = compare(runs, {4: machine})
+    assert point.measured == pytest.approx(4.5e-4) and point.placement is None
+    assert point.predicted == pytest.approx(predict("broadcast", "pipeline", 4, MIB, machine))
+    # on request a row per placement seen, predicted there (the moved rank's run at the mean)
+    rows = {p.placement: p for p in compare(runs, {4: machine}, by_placement=True)}
+    assert set(rows) == {(0, 0, 1, 1), (0, 1, 1, 0), None}
+    assert rows[(0, 1, 1, 0)].measured == pytest.approx(4.5e-4) and rows[None].measured == pytest.approx(9e-4)
+    for placement in ((0, 0, 1, 1), (0, 1, 1, 0)):
+        assert rows[placement].predicted == pytest.approx(
+            predict("broadcast", "pipeline", 4, MIB, machine, placement=placement))
+    assert rows[(0, 0, 1, 1)].predicted != pytest.approx(rows[(0, 1, 1, 0)].predicted)   # it matters here
+    assert rows[None].predicted == pytest.approx(point.predicted)
 
 
 def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):

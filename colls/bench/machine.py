@@ -193,3 +193,17 @@ def mode_fields(before: tuple[float | None, float | None], after: tuple[float | 
     and exchange_us, each [before, after] (None where the peer did not answer)."""
     return {name: [None if value is None else round(value, 1) for value in (before[i], after[i])]
             for i, name in enumerate(MODE_FIELDS)}
+
+
+def current_cpu() -> int | None:
+    """The CPU this process ran on last (Linux's /proc/self/stat, field 39); None where unknown.
+    With more ranks than cores the kernel keeps each rank on one core's run queue for the whole of
+    a launch, and where it put them sets the call's time (4 ranks on 2 cores, 2026-12-05, launches
+    of one state: a 256 KiB binomial broadcast took 144-166 us with ranks 0 and 3 on different
+    cores and 307 us with them together; every one of 250 calls of a launch found the ranks where
+    the first had), so `colls bench` records it around each point (`cpus`)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, IndexError, ValueError):
+        return None

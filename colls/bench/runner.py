@@ -20,7 +20,7 @@ import numpy as np
 
 from .baselines import Gloo, MpiNative, Prepared
 from .cases import Case, colls_call, fresh_array, make_case
-from .machine import CoreLink, mode_fields
+from .machine import CoreLink, current_cpu, mode_fields
 from .memcheck import run_memcheck
 from .report import Table
 from .spec import Spec, bus_factor, error_path
@@ -193,7 +193,9 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
         rooflines[case.nbytes] = roof.figures(world, case.nbytes, 1.0)
         rooflines[case.nbytes].pop("wrong")
     before = link.mode() if link is not None else None
+    cpu_before = current_cpu()
     measure(world, contenders, spec)
+    cpus = world.allgather([cpu_before, current_cpu()])   # each rank's CPU as the point began and ended
     after = link.mode() if link is not None else None
     figures = {c.name: c.figures(world, case.nbytes, factor) for c in contenders}
     mine = figures.pop("colls")
@@ -205,7 +207,9 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
             "bytes": case.nbytes, "count_in": int(case.x.size), "count_out": int(case.out.size), **mine,
             "baselines": {**figures, **absent}, "memcpy": rooflines[case.nbytes],
             # the machine's mode around the point (rank 0's; `colls.bench.machine`), when measurable
-            **(mode_fields(before, after) if link is not None else {})}
+            **(mode_fields(before, after) if link is not None else {}),
+            # where the kernel ran the ranks (`colls.plan.calibrate` predicts the point there)
+            **({"cpus": cpus} if all(cpu is not None for pair in cpus for cpu in pair) else {})}
 
 
 def pin_rank(world) -> tuple[int, ...]:

@@ -698,35 +698,68 @@ def load_profiles(paths: list[str], runs: str = "median",
     return {ranks: Profile.load(files, runs) for ranks, files in by_ranks.items()}
 
 
-def measured_runs(bench_paths: list[str], window: Window = None) -> dict[tuple, list[float]]:
+def measured_runs(bench_paths: list[str], window: Window = None,
+                  by_placement: bool = False) -> dict[tuple, list[float]]:
     """(collective, algorithm, ranks, bytes, placement) -> each bench run's median, in the files'
     order (of the points measured in the mode `window`, see `in_mode`); placement: the ranks' cores
-    as `colls bench --pin` recorded them, None unpinned."""
+    as `colls bench --pin` recorded them, None unpinned; with `by_placement`, an unpinned run's
+    where the bench saw its ranks (`seen_placement`; None where it did not record it)."""
     found: dict[tuple, list[float]] = {}
     for path in bench_paths:
         for record in json.loads(open(path).read())["records"]:
             if record.get("implementation") == "colls" and in_mode(record, window):
                 placement = tuple(record["placement"]) if record.get("placement") else None
+                if placement is None and by_placement:
+                    placement = seen_placement(record)
                 key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"], placement)
                 found.setdefault(key, []).append(record["time_median_s"])
     return found
 
 
-def measured_medians(bench_paths: list[str], runs: str = "median",
-                     window: Window = None) -> dict[tuple, float]:
+def seen_placement(record: dict) -> tuple[int, ...] | None:
+    """Each rank's core through an unpinned bench point, as `colls bench` saw them (`cpus`: each
+    rank's CPU as the point began and ended), the cores numbered in the order the ranks first name
+    them; None where not recorded or where a rank was on another CPU at the end. (A rank waking
+    up may still run a while on an idle core in between: 4 ranks pinned at the placements the bench
+    saw took 84-92 us for a 1 KiB all_to_all, 60 us unpinned, 2026-12-05.)"""
+    cpus = record.get("cpus")
+    if not cpus or any(first != last for first, last in cpus):
+        return None
+    numbers: dict[int, int] = {}
+    return tuple(numbers.setdefault(first, len(numbers)) for first, _ in cpus)
+
+
+def placements_seen(bench_paths: list[str], window: Window = None) -> dict[int, dict[str, int]]:
+    """By rank count, how many unpinned bench points ran at each placement (`seen_placement`,
+    written as each rank's core in turn; "-": not recorded, or a rank moved)."""
+    counts: dict[int, dict[str, int]] = {}
+    for path in bench_paths:
+        for record in json.loads(open(path).read())["records"]:
+            pinned = record.get("placement")
+            if record.get("implementation") == "colls" and in_mode(record, window) and not pinned:
+                seen = seen_placement(record)
+                label = "".join(map(str, seen)) if seen else "-"
+                tally = counts.setdefault(record["ranks"], {})
+                tally[label] = tally.get(label, 0) + 1
+    return counts
+
+
+def measured_medians(bench_paths: list[str], runs: str = "median", window: Window = None,
+                     by_placement: bool = False) -> dict[tuple, float]:
     """(collective, algorithm, ranks, bytes, placement) -> the median (or fastest) of several bench
     runs' medians (see `measured_runs`)."""
-    return {key: COMBINE[runs](times) for key, times in measured_runs(bench_paths, window).items()}
+    found = measured_runs(bench_paths, window, by_placement)
+    return {key: COMBINE[runs](times) for key, times in found.items()}
 
 
-def reproducibility(bench_paths: list[str], runs: str = "median",
-                    window: Window = None) -> dict[int, tuple[float, float, int]]:
+def reproducibility(bench_paths: list[str], runs: str = "median", window: Window = None,
+                    by_placement: bool = False) -> dict[int, tuple[float, float, int]]:
     """How closely the bench files agree with themselves, by rank count: every point's runs split
     into alternate halves (1st, 3rd, ... against 2nd, 4th, ...), each half combined as `runs` says,
     then the two compared as a prediction is (`summary`): (geometric-mean error, largest, points).
     No model of these runs can be shown closer than this; points with one run are left out."""
     logs: dict[int, list[float]] = {}
-    for key, times in measured_runs(bench_paths, window).items():
+    for key, times in measured_runs(bench_paths, window, by_placement).items():
         if len(times) >= 2:
             first, second = COMBINE[runs](times[0::2]), COMBINE[runs](times[1::2])
             logs.setdefault(key[2], []).append(abs(math.log(second / first)))
@@ -735,12 +768,12 @@ def reproducibility(bench_paths: list[str], runs: str = "median",
 
 
 def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
-            runs: str = "median", window: Window = None) -> list[Point]:
+            runs: str = "median", window: Window = None, by_placement: bool = False) -> list[Point]:
     """Every colls row of the bench files (medians across files; those measured in the mode
     `window`) whose rank count has a profile, beside the prediction (at the row's placement when
-    its ranks were pinned)."""
+    its ranks were pinned, or with `by_placement` where the bench saw them: a row per placement)."""
     points = []
-    medians = measured_medians(bench_paths, runs, window)
+    medians = measured_medians(bench_paths, runs, window, by_placement)
     for key, measured in sorted(medians.items(), key=_table_order):
         collective, algorithm, ranks, nbytes, placement = key
         if ranks in profiles:

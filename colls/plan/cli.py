@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="likewise by ranks 0 and 1's 256 KiB exchange through shared memory, "
                                 "within [LO, HI) us (e.g. 0-80 where it reads ~40 in one state of a VM "
                                 "and ~140 in another)")
+    calibrate.add_argument("--by-placement", action="store_true",
+                           help="a row per placement that colls bench saw unpinned ranks at (each "
+                                "rank's core, recorded around every point), predicted there; without "
+                                "it, the mean over every placement")
     for mode in (collective, train, scale):
         mode.add_argument("--nodes", default="16" if mode is not train else "128",
                           help="nodes (scale: a comma-separated list)")
@@ -97,7 +101,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_table(args: argparse.Namespace) -> int:
-    from .calibrate import compare, load_profiles, reproducibility, summary, table
+    from .calibrate import compare, load_profiles, placements_seen, reproducibility, summary, table
 
     window = {}
     for option, field, text, unit in (("--round-trip", "round_trip_ns", args.round_trip, "ns"),
@@ -110,7 +114,7 @@ def calibrate_table(args: argparse.Namespace) -> int:
                                  f"got {text!r}") from None
             window[field] = (low, high)
     profiles = load_profiles(args.profile, args.runs, window or None)
-    points = compare(args.bench, profiles, args.cores, args.runs, window or None)
+    points = compare(args.bench, profiles, args.cores, args.runs, window or None, args.by_placement)
     if window:
         labels = {"round_trip_ns": ("a round trip of", "ns"), "exchange_us": ("a 256 KiB exchange of", "us")}
         print("# measured with " + " and ".join(f"{labels[field][0]} {low:g}-{high:g} {labels[field][1]}"
@@ -136,11 +140,19 @@ def calibrate_table(args: argparse.Namespace) -> int:
               + "; calls "
               + ", ".join(f"{name} {seconds * 1e6:.2f} us" for name, seconds in sorted(profile.call.items())))
     print(table(points))
+    seen = placements_seen(args.bench, window or None)
+    for ranks in sorted({p.ranks for p in points}):
+        shared = ranks > (args.cores or profiles[ranks].cores)   # where the placement matters at all
+        if shared and any(label != "-" for label in seen.get(ranks, {})):
+            print(f"{ranks} ranks: points by where the bench saw the ranks (each one's core; -: "
+                  "unrecorded, or a rank moved): "
+                  + ", ".join(f"{label} {count}" for label, count in sorted(seen[ranks].items())))
     for ranks in sorted({p.ranks for p in points}):
         mean, worst = summary([p for p in points if p.ranks == ranks])
         print(f"{ranks} ranks: geometric-mean error {mean * 100:.1f}%, largest {worst * 100:.1f}%")
     # what the machine itself reproduces: no model can be shown closer than the runs agree
-    for ranks, (mean, worst, count) in sorted(reproducibility(args.bench, args.runs, window or None).items()):
+    for ranks, (mean, worst, count) in sorted(reproducibility(args.bench, args.runs, window or None,
+                                                              args.by_placement).items()):
         print(f"{ranks} ranks: the bench against itself (alternate runs, each half's {args.runs}; "
               f"{count} point{'s' * (count != 1)}): {mean * 100:.1f}%, largest {worst * 100:.1f}%")
     return 0
