@@ -14,6 +14,7 @@ import pytest
 from colls.plan.calibrate import (
     Profile,
     SharedMemory,
+    batches_apart,
     compare,
     in_mode,
     load_profiles,
@@ -423,6 +424,28 @@ def test_where_the_bench_saw_unpinned_ranks_is_read_and_gives_a_row_per_placemen
     assert rows[None].predicted == pytest.approx(point.predicted)
 
 
+def test_batches_apart_is_the_best_a_model_that_prices_every_batch_alike_can_do(tmp_path):
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 4}
+
+    def batch(name: str, times: dict[int, list[float]]) -> list[str]:
+        paths = []
+        for i in range(max(len(runs) for runs in times.values())):
+            path = tmp_path / f"{name}{i}.json"
+            path.write_text(json.dumps({"records": [dict(record, bytes=nbytes, time_median_s=runs[i])
+                                                    for nbytes, runs in times.items() if i < len(runs)]}))
+            paths.append(str(path))
+        return paths
+
+    first = batch("a", {KIB: [1e-5, 2e-5, 3e-5], MIB: [4e-4]})
+    second = batch("b", {KIB: [8e-5], MIB: [4e-4], 4 * MIB: [1e-3]})   # 4 MiB only here: left out
+    mean, worst, count = batches_apart([first, second])[4]
+    assert count == 2
+    # 1 KiB: medians 20 and 80 us, the middle 40 us is 2x from each; 1 MiB: alike, 0 off
+    assert worst == pytest.approx(1.0)
+    assert mean == pytest.approx(math.exp((2 * math.log(2) + 0 + 0) / 4) - 1)
+    assert batches_apart([first, first])[4][:2] == (pytest.approx(0.0), pytest.approx(0.0))
+
+
 def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):
     assert in_mode({}, None) and in_mode({"round_trip_ns": [700.0, 300.0]}, None)
     assert in_mode({"round_trip_ns": [260.0, 310.0]}, (0, 450))
@@ -496,6 +519,16 @@ def test_cli_calibrate_reads_bench_and_profile_files(tmp_path):
     assert both.returncode == 0, both.stderr
     assert ("round trip of 0-450 ns and a 256 KiB exchange of 0-80 us: profiles at no rank count"
             in both.stdout)
+    # --bench again: another batch, also compared with the first (a batch of one 400 us run)
+    other = tmp_path / "other"
+    other.mkdir()
+    later = subprocess.run([sys.executable, "-m", "colls.cli", "plan", "calibrate", "--profile", str(path),
+                            "--bench", *_bench_files(tmp_path), "--bench", *_bench_files(other)[:1]],
+                           capture_output=True, text=True, timeout=50)
+    assert later.returncode == 0, later.stderr
+    assert "2 ranks: the 2 batches against each other (1 point in all of them)" in later.stdout
+    # medians 200 us and 100 us: the middle, 141.4 us, is 41.4% off each
+    assert "at best 41.4% off, 41.4% the largest" in later.stdout
 
 
 def test_scratch_buffers_pay_their_first_touch():

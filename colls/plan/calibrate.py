@@ -767,6 +767,23 @@ def reproducibility(bench_paths: list[str], runs: str = "median", window: Window
             for ranks, values in logs.items()}
 
 
+def batches_apart(batches: list[list[str]], runs: str = "median", window: Window = None,
+                  by_placement: bool = False) -> dict[int, tuple[float, float, int]]:
+    """How far apart several batches of bench files are, by rank count: every point measured in all
+    of them predicted at the middle (in ratio) of the batches' figures for it (each batch's runs
+    combined as `runs` says), against each batch's figure, as `summary` compares: (geometric-mean
+    error, largest, points). A model that predicts a point alike for every batch (from profiles
+    alike) can be no closer to all of them than this."""
+    figures = [measured_medians(paths, runs, window, by_placement) for paths in batches]
+    logs: dict[int, list[float]] = {}
+    for key in set(figures[0]).intersection(*figures[1:]):
+        values = [batch[key] for batch in figures]
+        middle = math.sqrt(min(values) * max(values))
+        logs.setdefault(key[2], []).extend(abs(math.log(middle / value)) for value in values)
+    return {ranks: (math.exp(float(np.mean(values))) - 1, math.exp(max(values)) - 1,
+                    len(values) // len(batches)) for ranks, values in logs.items()}
+
+
 def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | None = None,
             runs: str = "median", window: Window = None, by_placement: bool = False) -> list[Point]:
     """Every colls row of the bench files (medians across files; those measured in the mode

@@ -50,8 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("-s", "--size", default="1G")
     scale.add_argument("--plot", default=None, metavar="FILE.png", help="draw it (needs matplotlib)")
     calibrate = modes.add_parser("calibrate", help="predictions beside measured `colls bench --json` times")
-    calibrate.add_argument("--bench", nargs="+", required=True, metavar="FILE.json",
-                           help="bench results; several runs of the same points give their median")
+    calibrate.add_argument("--bench", nargs="+", action="append", required=True, metavar="FILE.json",
+                           help="bench results; several runs of the same points give their median; "
+                                "given again, another batch: the batches are also compared with each "
+                                "other")
     calibrate.add_argument("--profile", nargs="+", required=True, metavar="FILE.json",
                            help="`colls run -n N -m colls.tune --profile FILE` at each N benched; "
                                 "several of one N give their median")
@@ -101,7 +103,17 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_table(args: argparse.Namespace) -> int:
-    from .calibrate import compare, load_profiles, placements_seen, reproducibility, summary, table
+    from .calibrate import (
+        batches_apart,
+        compare,
+        load_profiles,
+        placements_seen,
+        reproducibility,
+        summary,
+        table,
+    )
+
+    batches, args.bench = args.bench, [path for batch in args.bench for path in batch]
 
     window = {}
     for option, field, text, unit in (("--round-trip", "round_trip_ns", args.round_trip, "ns"),
@@ -155,6 +167,13 @@ def calibrate_table(args: argparse.Namespace) -> int:
                                                               args.by_placement).items()):
         print(f"{ranks} ranks: the bench against itself (alternate runs, each half's {args.runs}; "
               f"{count} point{'s' * (count != 1)}): {mean * 100:.1f}%, largest {worst * 100:.1f}%")
+    if len(batches) > 1:
+        for ranks, (mean, worst, count) in sorted(batches_apart(batches, args.runs, window or None,
+                                                                args.by_placement).items()):
+            print(f"{ranks} ranks: the {len(batches)} batches against each other ({count} "
+                  f"point{'s' * (count != 1)} in all of them): a model that predicts a point alike for "
+                  f"every batch is at best {mean * 100:.1f}% off, {worst * 100:.1f}% the largest (each "
+                  f"point at the middle of its batches' {args.runs}s)")
     return 0
 
 
