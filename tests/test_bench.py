@@ -216,6 +216,8 @@ def test_pinned_ranks_share_the_cpus_round_robin_and_record_it(tmp_path):
     assert "# pinned: rank r on CPU index " + pinned in result.stdout
     (record,) = json.loads((tmp_path / "out.json").read_text())["records"]
     assert record["placement"] == expected and record["wrong"] == 0
+    if cpus >= 2:   # pinned runs record the machine's mode as unpinned ones do
+        assert len(record["exchange_us"]) == 2 and all(1 < t < 1e6 for t in record["exchange_us"])
     unpinned = colls_bench("-n", "2", "-c", "broadcast", "-b", "1K", "-e", "1K", "-w", "1", "--iters", "3",
                            "--no-baselines", "--json", "free.json", cwd=tmp_path)
     assert unpinned.returncode == 0 and "pinned" not in unpinned.stdout

@@ -224,12 +224,20 @@ def pin_rank(world) -> tuple[int, ...]:
     return tuple(world.allgather(allowed.index(cpu)))
 
 
+def open_link(world) -> CoreLink | None:
+    """The link that measures the machine's mode around each point (collective). Opened before
+    `--pin` pins the ranks: it needs two CPUs to run on, and pinned, ranks 0 and 1 are on the two
+    it measures between (tagged so, pinned runs compare by mode as others do)."""
+    return CoreLink.open(world.Get_rank(), world.Get_size(), lambda value: world.bcast(value, root=0),
+                         world.Barrier)
+
+
 def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | None, emit,
-              placement: tuple[int, ...] | None = None) -> None:
-    """The benchmark proper: every collective at every size, rows printed by rank 0 as they finish."""
+              placement: tuple[int, ...] | None = None, link: CoreLink | None = None) -> None:
+    """The benchmark proper: every collective at every size, rows printed by rank 0 as they finish
+    (`link`: the machine's mode measured around each point, `open_link`; closed here)."""
     rank, ranks = world.Get_rank(), world.Get_size()
     rooflines: dict[int, dict] = {}
-    link = CoreLink.open(rank, ranks, lambda value: world.bcast(value, root=0), world.Barrier)
     # a run's first point came out slower than the same point measured again, for every contender
     # (2-rank 8 B all_reduce, 2026-12-05: 22.6 us as a run's first point, 6.4 for the 16 B point
     # after it; MPI's 13.7 and 5.5): the first point is run once untimed, for all of them alike
@@ -279,6 +287,7 @@ def versions(MPI, baselines: list) -> dict:
 
 def run(spec: Spec, world, MPI) -> None:
     """Set up colls and the baselines, run the spec, tear down (collectively: only on success)."""
+    link = None if spec.memcheck else open_link(world)
     placement = pin_rank(world) if spec.pin else None
     colls = Colls(world, spec.transport, spec.algorithm)
     baselines, absent = ([], {}) if spec.memcheck else start_baselines(world, spec)
@@ -297,7 +306,7 @@ def run(spec: Spec, world, MPI) -> None:
         if world.Get_rank() == 0:
             table = Table(spec, world.Get_size(), [b.label for b in baselines], absent, placement)
             table.preamble()
-        run_sizes(world, colls, baselines, spec, table, emit, placement)
+        run_sizes(world, colls, baselines, spec, table, emit, placement, link)
         if table is not None:
             table.summary()
     for baseline in baselines:
