@@ -187,13 +187,34 @@ def test_a_rank_times_its_call_from_when_it_first_runs():
     assert run_world(4, _Shared(4, TimeSharing(2, 0.0, 5e-5)), body).seconds == pytest.approx(1e-3)
 
 
+def test_ranks_leave_a_barrier_down_its_tree_and_time_their_call_from_there():
+    # 4 ranks pinned two to a core (0, 1, 0, 1) leave a barrier that releases 0 -> 1, 2 and 2 -> 3,
+    # 5 us a hand-on, then compute 1 ms: rank 1 leaves at 5 us on its core (rank 3, not released,
+    # holds nothing there); rank 2 only once rank 0, which never waits, has returned and handed the
+    # core over (50 us); rank 3 a hand-on and a wake-up later. Each times 1 ms from leaving.
+    import transports.sim as sim
+
+    def body(transport):
+        rank = transport.rank
+        transport.leave_barrier(rank & (rank - 1) if rank else None, {0: [1, 2], 2: [3]}.get(rank, []), 5e-6)
+        transport.elapse(1e-3)
+        return 0
+
+    network = _Shared(4, TimeSharing(2, 0.0, 5e-5, placement=(0, 1, 0, 1)))
+    world = sim.SimWorld(4, network)
+    world.run(body)
+    starts = [rank.started_at for rank in world.ranks]
+    assert starts == pytest.approx([0.0, 5e-6, 1.05e-3, 1.105e-3])
+    assert world.finish_times == pytest.approx([1e-3] * 4)
+
+
 def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
     from types import SimpleNamespace
 
     from transports.sim import _Cores
 
     cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5))
-    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False) for _ in range(2))
+    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False, in_barrier=False) for _ in range(2))
     assert cores.claim(a, 0.0) and a.wake == 0.0           # an idle core: no wake-up
     cores.release(a, 1e-4)                                  # a waits from 0.1 ms, spinning until 1.1 ms
     assert not cores.claim(b, 5e-4) and cores.next_free() == pytest.approx(1.1e-3)
@@ -213,7 +234,7 @@ def test_a_rank_that_returned_keeps_its_core_as_long_as_mpis_barrier_polls():
     # colls bench's ranks wait in MPI's barrier once their call is done: it yields after its own
     # measured hold, not after colls' spin
     cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5, returned_spin=4e-6))
-    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False) for _ in range(2))
+    a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False, in_barrier=False) for _ in range(2))
     assert cores.claim(a, 0.0)
     cores.release(a, 1e-4, returned=True)
     assert cores.next_free() == pytest.approx(1.04e-4) and cores.claim(b, 1.05e-4)
@@ -444,6 +465,51 @@ def test_batches_apart_is_the_best_a_model_that_prices_every_batch_alike_can_do(
     assert worst == pytest.approx(1.0)
     assert mean == pytest.approx(math.exp((2 * math.log(2) + 0 + 0) / 4) - 1)
     assert batches_apart([first, first])[4][:2] == (pytest.approx(0.0), pytest.approx(0.0))
+
+
+def test_pinned_ranks_on_one_core_copy_at_the_local_rate_and_leave_the_barrier_in_turn(tmp_path):
+    machine = replace(profile(4, 2, spin=2e-5, wake=2e-5), send=((8, 3e-6), (32 * KIB, 40e-6)))
+    local = machine.copy_seconds_per_byte(64 * KIB)
+    pinned = SharedMemory(4, machine, footprint=64 * KIB, pinned=True)
+    pinned.time_sharing = replace(pinned.time_sharing, placement=(0, 1, 0, 1))
+    loose = SharedMemory(4, machine, footprint=64 * KIB)
+    loose.time_sharing = pinned.time_sharing
+    # a FIFO message to a rank on the sender's core: each copy at the local rate, the sender's
+    # included (its send, measured between two cores, is not what it pays)
+    together = pinned.route_for(0, 2, 16 * KIB)
+    assert together.receive_busy == pytest.approx(16 * KIB * local)
+    assert together.send_busy + pinned._send_busy(16 * KIB) == pytest.approx(16 * KIB * local)
+    # an exchange between them: the smallest exchange's hold, and each rank's two copies at that rate
+    exchanging = replace(machine, exchange=((8, 4e-6), (32 * KIB, 60e-6)))
+    pair = SharedMemory(4, exchanging, footprint=64 * KIB, pinned=True)
+    pair.time_sharing = pinned.time_sharing
+    least, step = pair.exchange_route(0, 2, 8, apart=True), pair.exchange_route(0, 2, 16 * KIB)
+    assert step.send_busy == pytest.approx(least.send_busy + 16 * KIB * local)
+    assert step.receive_busy == pytest.approx(least.receive_busy + 16 * KIB * local)
+    assert step.alpha == pytest.approx(least.alpha)
+    # to the other core, or unpinned, as measured
+    def priced(route):
+        return route.alpha, route.byte_weight, route.send_busy, route.receive_busy
+
+    assert priced(pinned.route_for(0, 1, 16 * KIB)) == priced(loose.route_for(0, 1, 16 * KIB))
+    assert loose.route_for(0, 2, 16 * KIB).receive_busy != pytest.approx(16 * KIB * local)
+    # pinned points are predicted so; a placement only seen (unpinned) is not
+    at = (0, 1, 0, 1)
+    assert (predict("broadcast", "binomial", 4, 16 * KIB, machine, placement=at, pinned=True)
+            != pytest.approx(predict("broadcast", "binomial", 4, 16 * KIB, machine, placement=at)))
+    assert (predict("broadcast", "binomial", 4, 16 * KIB, machine, pinned=True)
+            == pytest.approx(predict("broadcast", "binomial", 4, 16 * KIB, machine)))   # no placement
+    record = {"implementation": "colls", "collective": "broadcast", "algorithm": "binomial", "ranks": 4,
+              "bytes": 16 * KIB, "time_median_s": 1e-4}
+    pinned_file, seen_file = tmp_path / "pinned.json", tmp_path / "seen.json"
+    pinned_file.write_text(json.dumps({"records": [dict(record, placement=list(at))]}))
+    seen_file.write_text(json.dumps({"records": [dict(record, cpus=[[0, 0], [1, 1], [0, 0], [1, 1]])]}))
+    (point,) = compare([str(pinned_file)], {4: machine})
+    assert point.predicted == pytest.approx(predict("broadcast", "binomial", 4, 16 * KIB, machine,
+                                                    placement=at, pinned=True))
+    (point,) = compare([str(seen_file)], {4: machine}, by_placement=True)
+    assert point.predicted == pytest.approx(predict("broadcast", "binomial", 4, 16 * KIB, machine,
+                                                    placement=at))
 
 
 def test_a_round_trip_window_keeps_only_what_was_measured_in_that_mode(tmp_path):
@@ -1003,7 +1069,8 @@ def test_placed_ranks_take_only_their_own_core():
 
     # ranks 0 and 1 on core 0, rank 2 on core 1: rank 1 waits for core 0 even while core 1 is idle
     cores = _Cores(TimeSharing(2, spin=1e-3, wake=5e-5, placement=(0, 0, 1)))
-    a, b, c = (SimpleNamespace(core=None, wake=0.0, rank=r, in_sendrecv=False) for r in range(3))
+    a, b, c = (SimpleNamespace(core=None, wake=0.0, rank=r, in_sendrecv=False, in_barrier=False)
+               for r in range(3))
     assert cores.claim(a, 0.0) and a.core == 0
     assert not cores.claim(b, 0.0) and cores.next_free(b) == float("inf")
     assert cores.next_free() == 0.0                       # core 1 is idle, but not rank 1's

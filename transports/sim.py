@@ -309,6 +309,8 @@ class _Rank:
         self.wake = 0.0               # and what getting it back costs when it resumes
         self.started_at = 0.0         # with time sharing: when it first got a core
         self.in_sendrecv = False      # waits in a fused sendrecv (its spin may differ)
+        self.in_barrier = False       # waits to leave a barrier (`SimTransport.leave_barrier`)
+        self.released: _SimRequest | None = None   # and what its parent there completes
         self.after_work = False       # its last operation copied, reduced or received a lot
         self.outstanding = 0          # watched requests not yet done while blocked
         self.fiber = None             # its thread's lock, or its greenlet
@@ -437,7 +439,11 @@ class _Cores:
     def release(self, rank: _Rank, now: float, returned: bool = False) -> None:
         """`rank` waits (or has `returned`: `colls bench` then waits at its barrier) from `now`;
         it keeps its core `spin` longer (or the spin of that wait)."""
-        if rank.core is not None:
+        if rank.core is not None and rank.in_barrier:
+            # a rank that has not left the barrier yet holds nothing: the next to take its core
+            # finds it idle (no switch to pay)
+            self.free[rank.core], self.owner[rank.core], rank.core = now, None, None
+        elif rank.core is not None:
             spin = (self.sharing.returned_spin if returned
                     else self.sharing.sendrecv_spin if rank.in_sendrecv else None)
             self.free[rank.core] = now + (self.sharing.spin if spin is None else spin)
@@ -827,6 +833,12 @@ class SimWorld:
             self._runnable.append(owner)
 
 
+    def release_request(self, owner: _Rank, parent: int) -> _SimRequest:
+        """What `owner` waits on to leave a barrier, completed by its `parent` (world ranks)."""
+        if owner.released is None:
+            owner.released = _SimRequest("recv", parent, -1, np.empty(0, np.uint8), owner)
+        return owner.released
+
     def group(self, key: tuple, world_ranks: list[int]) -> _Group:
         """The sub-group registered under `key`, made on first use."""
         found = self._groups.get(key)
@@ -869,6 +881,25 @@ class SimTransport(Transport):
         if self.world.unpaid:
             me = self.me
             me.clock = max(me.clock, self.world.now) + _rewrite_seconds(self.world, buf) * me.slowdown
+
+    def leave_barrier(self, parent: int | None, children: Sequence[int], latency: float) -> None:
+        """Leave a barrier that releases ranks down a tree (MPICH's: each rank waits for its
+        `parent` to have left, then releases its `children`), `latency` seconds a hand-on. A rank
+        waiting there yields its core as one that has returned does (`TimeSharing.returned_spin`),
+        and its timer (`SimWorld.finish_times`) starts when it leaves. Group ranks."""
+        world, me = self.world, self.me
+        if parent is not None:
+            release = world.release_request(me, self.group.world_ranks[parent])
+            me.in_barrier = True
+            try:
+                self.wait_all([release], math.inf)
+            finally:
+                me.in_barrier = False
+        me.clock = max(me.clock, world.now)
+        me.started_at = me.clock
+        for child in children:
+            owner = world.ranks[self.group.world_ranks[child]]
+            world._push(me.clock + latency, _COMPLETE, world.release_request(owner, me.rank))
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         return self._send(buf, peer, tag, None)

@@ -32,7 +32,11 @@ machine's shared memory whose constants come from a profile that `colls run -n N
   `isend`); two cross-memory reads at once run slower per byte, as much as an exchange of that
   size measured;
 - every call pays its software (describe, select, deliver; measured on a one-rank group) and what
-  the barrier before it adds to its first message (the ranks leave it at different moments).
+  the barrier before it adds to its first message (the ranks leave it at different moments);
+- ranks pinned to cores (`colls bench --pin`), which never run a while on another core, also take
+  turns at what unpinned ones may spread: two on one core copy through their slots at a local
+  copy's rate, and they leave the bench's barrier down MPI's release tree, a rank whose core is
+  busy only once it is free, starting its timer then.
 """
 
 from __future__ import annotations
@@ -333,7 +337,7 @@ class SharedMemory:
     """One machine's ranks: a CPU link per rank, and the cores that every copying flow shares."""
 
     def __init__(self, size: int, profile: Profile, cores: int | None = None, footprint: int = 0,
-                 planned: bool = False) -> None:
+                 planned: bool = False, pinned: bool = False) -> None:
         capacity = 1 / REFERENCE_SECONDS_PER_BYTE
         self.cpu = [Link(f"rank{r}.cpu", capacity) for r in range(size)]
         self.cores = Link("cores", (cores or profile.cores) * capacity)
@@ -342,6 +346,10 @@ class SharedMemory:
         # a planned small call (`colls.describe.Plan`): its exchanges are persistent, and cost what
         # the profile's persistent ones did (`Profile.exchange_persistent`), where it measured them
         self.planned = planned
+        # ranks held to their cores (`colls bench --pin`): none runs a while on another core that
+        # falls idle, as an unpinned one waking up may, so the ranks placed on one core take turns
+        # at everything they do (`_together`, `predict`'s barrier)
+        self.pinned = pinned
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up;
         # taking a yielded core back costs a switch whatever wait gave it up, so at least the
         # one-slot hand-over measured (profiles before 2026-12-05 measured the general wake-up as 0:
@@ -403,13 +411,26 @@ class SharedMemory:
             return 0.0
         return profile.rewrite_seconds(nbytes)
 
+    def _together(self, src: int, dst: int) -> bool:
+        """Whether two ranks are pinned to one core (more ranks than cores)."""
+        placement = self.time_sharing.placement
+        return bool(self.pinned and self.shares_cores and placement and placement[src] == placement[dst])
+
+    def _local_copy(self, nbytes: int) -> float:
+        """Seconds of one copy of `nbytes` through the slots between two ranks on one core: a
+        local copy's rate at the call's size (the lines stay in that core's caches). The profile's
+        message tables are of a pair on two cores, whose copies take the lines from the other
+        core: in the VM's slow state 4 ranks pinned two to a core sent 256 KiB in 27 us to a rank on
+        their core and in 118 us to one on the other (2026-12-05, `/tmp/s11/p2p.py`)."""
+        return nbytes * self.profile.copy_seconds_per_byte(max(nbytes, self.footprint))
+
     def _send_busy(self, nbytes: int) -> float:
         """Seconds a FIFO send of `nbytes` keeps its sender beyond its post."""
         seconds = self.profile.send_seconds(nbytes)
         return 0.0 if seconds is None else max(0.0, seconds - self.post_seconds)
 
     def exchange_route(self, src: int, dst: int, nbytes: int, reducing: bool | str = False,
-                       written: bool = False, after_work: bool = False) -> Route | None:
+                       written: bool = False, after_work: bool = False, apart: bool = False) -> Route | None:
         """A send in a sendrecv below the rendezvous size: the shm transport writes it into its
         slot and takes the reply straight out (`ShmTransport.sendrecv`), or both ranks read the
         other's by cross-memory attach (a plain one beyond a slot), so it costs the measured
@@ -466,6 +487,13 @@ class SharedMemory:
             send_busy = receive_busy = seconds * (min(0.5, own / alone) if alone > 0 else 0.5)
         else:   # an older profile, without the sender's own time: all of it waiting, as before
             send_busy = receive_busy = 0.0
+        if not (attached or apart or nbytes >= profile.rendezvous) and self._together(src, dst):
+            # two ranks on one core take turns: each copies its message in and the other's out at
+            # a local copy's rate, beyond what the smallest exchange holds them (`_local_copy`)
+            least = self.exchange_route(src, dst, 8, reducing, written, after_work, apart=True)
+            copy = self._local_copy(nbytes)
+            return Route(least.alpha, (), f"fifo to {dst}", eager=True, send_busy=least.send_busy + copy,
+                         receive_busy=least.receive_busy + copy)
         if not attached:
             send_busy += self._slot_rewrite(src, dst, nbytes, reducing)
         return Route(seconds - send_busy - receive_busy, (), f"fifo to {dst}", eager=True,
@@ -499,6 +527,13 @@ class SharedMemory:
             # flows of their own, a root's three 256 KiB sends of a 4-rank broadcast shared its
             # CPU and all landed at the end, and the model priced that call at 107 us (34 measured)
             weight = beta / REFERENCE_SECONDS_PER_BYTE / 2
+            if self._together(src, dst):
+                # two ranks on one core take turns: the sender copies in and the receiver out at a
+                # local copy's rate (the sender's in place of the pair's measured send)
+                copy = self._local_copy(nbytes)
+                return Route(alpha, (self.cpu[src], self.cores), "fifo out", copy / max(nbytes, 1)
+                             / REFERENCE_SECONDS_PER_BYTE, eager=True, receive_busy=copy,
+                             send_busy=copy - self._send_busy(nbytes))
             if self.shares_cores:
                 # more ranks than cores: the receiver's copy out of the slots is work on its own
                 # core, not a flow beside it (priced as a flow, a 4-rank 16 MiB pipeline broadcast,
@@ -560,17 +595,20 @@ def persistent_steps(collective: str, algorithm: str, ranks: int, nbytes: int) -
 
 
 def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: Profile,
-            cores: int | None = None, placement: tuple[int, ...] | None = None) -> float:
+            cores: int | None = None, placement: tuple[int, ...] | None = None,
+            pinned: bool = False) -> float:
     """Seconds the simulator predicts for one `colls bench` call (software and input copy included).
-    `placement`: each rank's core, as `colls bench --pin` recorded it; None: as the kernel deals
-    the ranks out (the mean over the even ways, with more ranks than cores)."""
+    `placement`: each rank's core, as `colls bench --pin` recorded it (`pinned`) or as the bench saw
+    unpinned ranks; None: as the kernel deals the ranks out (the mean over the even ways, with more
+    ranks than cores)."""
     # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
     # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
     # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
     # within a 2-rank call and 585 us within a 4-rank one)
     footprint = int(nbytes * max(1.0, ranks / 2))
     planned = persistent_steps(collective, algorithm, ranks, nbytes)
-    network = SharedMemory(ranks, profile, cores, footprint, planned)
+    pinned = pinned and placement is not None
+    network = SharedMemory(ranks, profile, cores, footprint, planned, pinned)
     copy = profile.copy_seconds_per_byte(footprint)
     overhead = profile.call.get(collective, 0.0) + profile.start
 
@@ -600,6 +638,14 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
             transport.overwrite(buffers[0])
 
     def body(transport: SimTransport) -> int:
+        if network.shares_cores and network.pinned:
+            # `colls bench`'s ranks leave MPI's barrier down a binomial tree from rank 0 (4 ranks
+            # pinned two to a core, 2026-12-05: rank 1 leaves 4-15 us after rank 0, rank 3 2-20 us
+            # after rank 2, and rank 2 only once rank 0 yields its core or returns, however long
+            # rank 1 waits; `/tmp/s11/yieldt.py`), a hand-on as long as an 8 B message
+            rank = transport.rank
+            children = [rank + step for step in _tree_steps(rank, ranks) if rank + step < ranks]
+            transport.leave_barrier(rank & (rank - 1) if rank else None, children, profile.message[0][1])
         transport.elapse(overhead)   # describe, select, deliver; the first message after the barrier
         return run_algorithm(transport, collective, algorithm, nbytes, source=reads_x, before=before)
 
@@ -617,7 +663,7 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
         return seconds
 
     def replace_network(network: SharedMemory) -> SharedMemory:
-        fresh = SharedMemory(ranks, profile, cores, footprint, planned)
+        fresh = SharedMemory(ranks, profile, cores, footprint, planned, pinned)
         fresh.time_sharing = network.time_sharing
         return fresh
 
@@ -646,6 +692,13 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
 
 
 MAX_PLACEMENTS = 100   # beyond: every rank takes any free core (no placement)
+
+
+def _tree_steps(rank: int, ranks: int) -> list[int]:
+    """The distances to `rank`'s children in a binomial tree from rank 0: the powers of two below
+    its lowest set bit (below `ranks` for rank 0)."""
+    limit = rank & -rank if rank else ranks
+    return [1 << k for k in range(limit.bit_length()) if 1 << k < limit]
 
 
 def placements(ranks: int, cores: int) -> list[tuple[int, ...]]:
@@ -791,10 +844,12 @@ def compare(bench_paths: list[str], profiles: dict[int, Profile], cores: int | N
     its ranks were pinned, or with `by_placement` where the bench saw them: a row per placement)."""
     points = []
     medians = measured_medians(bench_paths, runs, window, by_placement)
+    pinned = {key for key in measured_runs(bench_paths, window) if key[4] is not None}
     for key, measured in sorted(medians.items(), key=_table_order):
         collective, algorithm, ranks, nbytes, placement = key
         if ranks in profiles:
-            predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores, placement)
+            predicted = predict(collective, algorithm, ranks, nbytes, profiles[ranks], cores, placement,
+                                key in pinned)
             points.append(Point(collective, algorithm, ranks, nbytes, measured, predicted, placement))
     return points
 
