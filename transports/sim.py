@@ -885,8 +885,8 @@ class SimTransport(Transport):
     def leave_barrier(self, parent: int | None, children: Sequence[int], latency: float) -> None:
         """Leave a barrier that releases ranks down a tree (MPICH's: each rank waits for its
         `parent` to have left, then releases its `children`), `latency` seconds a hand-on. A rank
-        waiting there yields its core as one that has returned does (`TimeSharing.returned_spin`),
-        and its timer (`SimWorld.finish_times`) starts when it leaves. Group ranks."""
+        waiting there holds no core (the next rank to take it pays no switch), and its timer
+        (`SimWorld.finish_times`) starts when it leaves. Group ranks; once per run of the world."""
         world, me = self.world, self.me
         if parent is not None:
             release = world.release_request(me, self.group.world_ranks[parent])

@@ -437,7 +437,8 @@ class SharedMemory:
         exchange of its size and kind (less the barrier's start, as a message's does; a reducing
         one less the reduction, which the receive charges; one from a buffer the sender `written`
         in this call slower), not a message and two posts; None from its rendezvous size
-        (`Profile.exchange_limit`: the general path, messages and reads as above)."""
+        (`Profile.exchange_limit`: the general path, messages and reads as above). Between ranks
+        pinned to one core, the local copies of `_together` unless `apart` (as between two cores)."""
         profile = self.profile
         # a plain one of a call whose buffers are in huge pages, where measured so: as measured
         huge = (not reducing and self.footprint >= HUGE_FROM_BYTES and bool(profile.exchange_huge)
@@ -772,9 +773,8 @@ def measured_runs(bench_paths: list[str], window: Window = None,
 def seen_placement(record: dict) -> tuple[int, ...] | None:
     """Each rank's core through an unpinned bench point, as `colls bench` saw them (`cpus`: each
     rank's CPU as the point began and ended), the cores numbered in the order the ranks first name
-    them; None where not recorded or where a rank was on another CPU at the end. (A rank waking
-    up may still run a while on an idle core in between: 4 ranks pinned at the placements the bench
-    saw took 84-92 us for a 1 KiB all_to_all, 60 us unpinned, 2026-12-05.)"""
+    them; None where not recorded or where a rank was on another CPU at the end (a rank may still
+    have run a while on the other core in between)."""
     cpus = record.get("cpus")
     if not cpus or any(first != last for first, last in cpus):
         return None
