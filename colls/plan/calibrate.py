@@ -759,15 +759,21 @@ def measured_runs(bench_paths: list[str], window: Window = None,
     as `colls bench --pin` recorded them, None unpinned; with `by_placement`, an unpinned run's
     where the bench saw its ranks (`seen_placement`; None where it did not record it)."""
     found: dict[tuple, list[float]] = {}
+    for record in colls_records(bench_paths, window):
+        placement = tuple(record["placement"]) if record.get("placement") else None
+        if placement is None and by_placement:
+            placement = seen_placement(record)
+        key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"], placement)
+        found.setdefault(key, []).append(record["time_median_s"])
+    return found
+
+
+def colls_records(bench_paths: list[str], window: Window = None):
+    """The colls rows of the bench files, in their order, those measured in the mode `window`."""
     for path in bench_paths:
         for record in json.loads(open(path).read())["records"]:
             if record.get("implementation") == "colls" and in_mode(record, window):
-                placement = tuple(record["placement"]) if record.get("placement") else None
-                if placement is None and by_placement:
-                    placement = seen_placement(record)
-                key = (record["collective"], record["algorithm"], record["ranks"], record["bytes"], placement)
-                found.setdefault(key, []).append(record["time_median_s"])
-    return found
+                yield record
 
 
 def seen_placement(record: dict) -> tuple[int, ...] | None:
@@ -786,14 +792,12 @@ def placements_seen(bench_paths: list[str], window: Window = None) -> dict[int, 
     """By rank count, how many unpinned bench points ran at each placement (`seen_placement`,
     written as each rank's core in turn; "-": not recorded, or a rank moved)."""
     counts: dict[int, dict[str, int]] = {}
-    for path in bench_paths:
-        for record in json.loads(open(path).read())["records"]:
-            pinned = record.get("placement")
-            if record.get("implementation") == "colls" and in_mode(record, window) and not pinned:
-                seen = seen_placement(record)
-                label = "".join(map(str, seen)) if seen else "-"
-                tally = counts.setdefault(record["ranks"], {})
-                tally[label] = tally.get(label, 0) + 1
+    for record in colls_records(bench_paths, window):
+        if not record.get("placement"):   # (pinned ones are where `--pin` put them)
+            seen = seen_placement(record)
+            label = "".join(map(str, seen)) if seen else "-"
+            tally = counts.setdefault(record["ranks"], {})
+            tally[label] = tally.get(label, 0) + 1
     return counts
 
 
