@@ -40,7 +40,7 @@ class Collectives:
                 if out is None:
                     planned = np.empty(plan.shape, x.dtype)
                 elif out is x:
-                    planned = x
+                    planned = x if x.flags.writeable else None   # read-only: the full checks say so
                 elif (type(out) is np.ndarray and out.shape == plan.shape and out.dtype == x.dtype
                       and out.flags.c_contiguous and out.flags.writeable):
                     planned = out
@@ -282,9 +282,11 @@ class Collectives:
         algo = check.algorithm("scatter", algorithm, None, x.nbytes)
         shape = (rows, *x.shape[1:])
         result, work = check.result("scatter", out, shape, x.dtype, like=x)
+        # the root's blocks are read after its own lands in `out`: an `out` over `x` needs a copy
+        source = self._source(x, apart_from(x, work), async_op) if self.rank == root else None
 
         def body(channel):
-            algo.run(channel, x.reshape(-1) if self.rank == root else None, work.reshape(-1), root)
+            algo.run(channel, None if source is None else source(), work.reshape(-1), root)
             return _deliver(result, work)
 
         return self._run("scatter", algo.name, x, body, async_op, timeout, root=root)

@@ -296,8 +296,9 @@ class Communicator(Collectives):
             return None
         if out is None:
             work = np.empty(x.shape, x.dtype)
-        elif out is x or (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-                          and out.flags.c_contiguous and out.flags.writeable):
+        elif (out is x and x.flags.writeable) or (type(out) is np.ndarray and out.shape == x.shape
+                                                  and out.dtype == x.dtype and out.flags.c_contiguous
+                                                  and out.flags.writeable):
             work = out
         else:
             return None

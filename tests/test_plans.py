@@ -41,6 +41,10 @@ def _every_kind_of_buffer(comm) -> list[bool]:
         read_only.flags.writeable = False
         with pytest.raises(colls.InvalidArgument, match="read-only"):
             comm.all_reduce(x, op="sum", out=read_only)         # refused though the signature is planned
+        with pytest.raises(colls.InvalidArgument, match="read-only"):
+            frozen = x.copy()
+            frozen.flags.writeable = False
+            comm.all_reduce(frozen, op="sum", out=frozen)       # in place into a read-only x: refused too
         ok.append(np.array_equal(comm.all_reduce(x.astype(np.float64), op="avg"), want / comm.size))
     ok.append(comm.stats()["all_reduce"]["calls"] == 14)
     ok.append(len(comm._check.plans) >= 2)   # (sum, int64, (3, 4)) and (avg, float64, (3, 4))
@@ -370,6 +374,10 @@ def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
             ok.append(comm.broadcast(x, root=root, out=strided) is strided and np.array_equal(strided, want))
             with pytest.raises(colls.InvalidArgument, match="shape"):
                 comm.broadcast(x, root=root, out=np.empty((5, 3), np.int64))   # a wrong out: named
+            frozen = x.copy()
+            frozen.flags.writeable = False
+            with pytest.raises(colls.InvalidArgument, match="read-only"):
+                comm.broadcast(frozen, root=root, out=frozen)   # in place, read-only: refused on every rank
             with pytest.raises(colls.InvalidArgument, match="root"):
                 comm.broadcast(x, root=comm.size)              # a bad root: named, planned or not
     ok.append(comm.stats()["broadcast"]["calls"] == 24)

@@ -42,6 +42,25 @@ def test_all_gather_from_a_block_of_out(size, algorithm):
         assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("algorithm", colls.algorithms("scatter"))
+def test_a_scatter_whose_roots_out_lies_over_its_input_sends_the_input_as_it_was(size, algorithm):
+    """Found by review (2026-12-05): the root's `out` over another rank's block of `x` used to be
+    written with the root's own block before that block went out, so that rank got the root's."""
+
+    def body(comm):
+        got = []
+        for root in (0, comm.size - 1):
+            x = np.arange(4 * comm.size, dtype=np.int64)
+            after = (root + 1) % comm.size   # the root's out is this rank's block of x
+            out = x[4 * after:4 * after + 4] if comm.rank == root else np.empty(4, np.int64)
+            got.append(comm.scatter(x, root=root, out=out, algorithm=algorithm).tolist())
+        return got
+
+    for rank, got in enumerate(colls.spawn(body, size, transport="shm", timeout=60)):
+        assert got == [list(range(4 * rank, 4 * rank + 4))] * 2, (rank, got)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_an_all_gather_from_its_own_block_of_out_copies_nothing(size):
     """An in-place all_gather (the input is this rank's block of the output) used to copy its input
