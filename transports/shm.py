@@ -260,7 +260,7 @@ class _Out(Request):
 
 
 class _In(Request):
-    __slots__ = ("buf", "data", "reducer", "pos", "stash", "helpable", "exchange")
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "helpable", "exchange", "carry")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
                  stash: bool = False, helpable: bool = True, exchange: bool = False) -> None:
@@ -272,18 +272,42 @@ class _In(Request):
         self.stash = stash
         self.helpable = helpable   # its sender may be asked to copy half (see ShmTransport._ask_help)
         self.exchange = exchange   # a sendrecv's: its sender, waiting in it too, may be asked to write it all
+        self.carry: np.ndarray | None = None   # the bytes of an element split between two chunks
 
     def take(self, chunk: np.ndarray) -> None:
         """Copy or reduce one chunk of bytes at the current position."""
         n = chunk.shape[0]
         if n:
-            target = self.data[self.pos:self.pos + n]
             if self.reducer is None:
-                np.copyto(target, chunk)
+                np.copyto(self.data[self.pos:self.pos + n], chunk)
+            elif self.pos % self.buf.dtype.itemsize or n % self.buf.dtype.itemsize:
+                self._reduce_split(chunk)
             else:
                 dtype = self.buf.dtype
-                self.reducer(target.view(dtype), chunk.view(dtype))
+                self.reducer(self.data[self.pos:self.pos + n].view(dtype), chunk.view(dtype))
         self.pos += n
+
+    def _reduce_split(self, chunk: np.ndarray) -> None:
+        """Reduce a chunk that begins or ends inside an element (a dtype whose size does not divide
+        the slot's, as a 12-byte struct's): the element's bytes wait in `carry` until it is whole."""
+        dtype, start, n = self.buf.dtype, self.pos, chunk.shape[0]
+        size = dtype.itemsize
+        if self.carry is None:
+            self.carry = np.empty(size, np.uint8)
+        end = start + n
+        first = -(-start // size) * size   # the first element boundary at or after the chunk's start
+        if start % size:   # the end of an element begun in the chunk before
+            have = start % size
+            take = min(size - have, n)
+            self.carry[have:have + take] = chunk[:take]
+            if have + take == size:
+                element = first - size
+                self.reducer(self.data[element:first].view(dtype), self.carry.view(dtype))
+        last = end // size * size          # the last element boundary at or before the chunk's end
+        if last > first:
+            self.reducer(self.data[first:last].view(dtype), chunk[first - start:last - start].view(dtype))
+        if end % size and last >= first:   # an element begun here, finished in the chunk after
+            self.carry[:end - last] = chunk[last - start:]
 
 
 class ShmTransport(Transport):
@@ -1284,8 +1308,11 @@ class ShmTransport(Transport):
             cma.read(self.pids[peer], address, request.data[:nbytes])
         else:
             dtype, piece = request.buf.dtype, self.piece
-            for start in range(0, request.nbytes, REDUCE_PIECE_BYTES):
-                n = min(REDUCE_PIECE_BYTES, request.nbytes - start)
+            step = REDUCE_PIECE_BYTES // dtype.itemsize * dtype.itemsize   # whole elements a piece
+            if step == 0:   # an element bigger than a piece
+                step, piece = dtype.itemsize, np.empty(dtype.itemsize, np.uint8)
+            for start in range(0, request.nbytes, step):
+                n = min(step, request.nbytes - start)
                 cma.read(self.pids[peer], address + start, piece[:n])
                 request.reducer(request.data[start:start + n].view(dtype), piece[:n].view(dtype))
 
