@@ -579,6 +579,47 @@ def test_a_receiver_that_gave_up_is_not_written_into_by_a_late_sender():
     assert kept and wrote == 0
 
 
+
+def _helped_past_deadline(comm) -> list:
+    """Rank 0 posts a 4 MiB collective send and stays away 1 s; rank 1 waits for it with a deadline
+    that has already passed (as a call's later step does once its time is spent), so the wait's one
+    progress pass asks rank 0 to write half the message, then raises. Rank 1: the error, whether it
+    could ask at all (cross-memory attach), and the bytes of that half written at the error and
+    1.5 s later (rank 0 has come to its wait meanwhile)."""
+    transport, n = comm.transport, 4 << 20
+    comm.barrier()
+    if comm.rank == 0:
+        send = transport.isend(np.full(n, 7, np.uint8), 1, TAG)
+        time.sleep(1.0)
+        try:
+            transport.wait_all([send], time.monotonic() + 2.0)
+        except Exception:   # noqa: BLE001 - rank 1 gave the message up: no ack comes (a timeout, or it left)
+            pass
+        return []
+    time.sleep(0.2)
+    into = np.zeros(n, np.uint8)
+    receive = transport.irecv(into, 0, TAG)
+    try:
+        transport.wait_all([receive], time.monotonic() - 0.01)
+        error = "no error"
+    except colls.CollectiveTimeout:
+        error = "CollectiveTimeout"
+    at_error = int(np.count_nonzero(into[n // 2:]))
+    time.sleep(1.5)
+    return [error, transport.cma, at_error, int(np.count_nonzero(into[n // 2:]))]
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_begun_past_its_deadline_withdraws_the_help_its_first_pass_asked_for():
+    """Found by review (2026-12-05): a wait whose deadline had passed before it began was taken for
+    a poll and left its request for help standing, so the sender wrote half the message into the
+    buffer after the call had failed."""
+    _, (error, cma, at_error, later) = colls.spawn(_helped_past_deadline, 2, transport="shm", timeout=40)
+    if not cma:
+        pytest.skip("no cross-memory attach here: no help is asked")
+    assert error == "CollectiveTimeout"
+    assert at_error == 0 and later == 0
+
 def _broadcast_sizes(comm):
     out = []
     for n in (2 << 20, (5 << 20) + 36):

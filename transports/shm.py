@@ -1410,7 +1410,6 @@ class ShmTransport(Transport):
             return
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
-        entered = next_liveness - LIVENESS_PERIOD_S
         try:
             while True:
                 if self.progress():
@@ -1426,8 +1425,10 @@ class ShmTransport(Transport):
                     self._check_alive(requests)
                 backoff.pause()
         except BaseException:
-            if deadline > entered:   # a wait that gave up, not a poll (a deadline already past)
-                self._withdraw_help(requests)
+            # help is asked for collective messages only (`_own_share`), and a collective's wait
+            # that fails gives its call up: its deadline may have passed before this wait began,
+            # with help asked in the first pass (a poll, `Test`'s, waits on user messages: no help)
+            self._withdraw_help(requests)
             raise
 
     def _withdraw_help(self, requests: Sequence[Request]) -> None:
