@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import fingerprint
 from .collectives import NOTHING, Collectives, Result, apart_from
-from .describe import PLAN_BYTES, Description, Plan, Validator
+from .describe import PLAN_BYTES, Description, Plan, Validator, seconds
 from .device import is_cupy
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
@@ -35,7 +36,11 @@ CHOOSE_BYTES = 128 << 10
 
 def default_timeout() -> float:
     """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
-    return env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
+    given = env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
+    if seconds(given) is None:   # NaN would mean no deadline at all, unasked
+        raise ValueError(f"COLLS_TIMEOUT={os.environ.get('COLLS_TIMEOUT')!r}: give a number of seconds > 0 "
+                         f"(inf: none)")
+    return given
 
 
 class Communicator(Collectives):
@@ -50,7 +55,10 @@ class Communicator(Collectives):
         self.rank = transport.rank
         self.size = transport.size
         self.name = name
-        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.timeout = default_timeout() if timeout is None else seconds(timeout)
+        if self.timeout is None:
+            raise InvalidArgument(f"rank {self.rank}: Communicator: timeout must be a number of seconds > 0 "
+                                  f"(inf: none), got {timeout!r}")
         self.layout = Layout.one_host(self.size) if layout is None else layout
         self._shm_inside = transport.name in ("shm", "local")   # hosts' ranks share a machine
         self._levels: Levels | None = None
@@ -77,6 +85,7 @@ class Communicator(Collectives):
         """Give the call its sequence number and tag now (issue order), then run it in order."""
         if self.closed:
             raise self._check.fail(collective, "the communicator is closed")
+        deadline_s = self.timeout if timeout is None else self._check.timeout(collective, timeout)
         if algorithm == "hierarchical" and self._levels is None:
             self._build_levels()   # collective: every rank makes its first hierarchical call here
         seq = self._seq
@@ -84,7 +93,6 @@ class Communicator(Collectives):
         description = Description(collective, None if x is None else x.dtype, 0 if x is None else x.size,
                                   root, None if op is None else op.name, algorithm, seq - self._hidden,
                                   self.name)
-        deadline_s = self.timeout if timeout is None else float(timeout)
         traffic = self._traffic_for(collective)
         nbytes = 0 if x is None else x.nbytes
         executor = self._executor
@@ -138,6 +146,7 @@ class Communicator(Collectives):
     def _aim_plan(self, plan: Plan, timeout: float | None) -> Channel:
         """`_run`'s and `_aim`'s work for a planned call: its number (kept in the plan, which names
         the call in timeout messages), its counters, the channel pointed at it."""
+        limit = self.timeout if timeout is None else self._check.timeout(plan.collective, timeout)
         seq = self._seq
         self._seq = seq + 1
         plan.seq = seq - self._hidden
@@ -146,7 +155,7 @@ class Communicator(Collectives):
         traffic.calls += 1
         channel = self._channel
         channel.tag = COLLECTIVE_TAG_BASE + seq
-        channel.deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+        channel.deadline = time.monotonic() + limit
         channel.what = plan
         channel.traffic = traffic
         return channel
@@ -388,9 +397,9 @@ class Communicator(Collectives):
 
         Every rank must call it at the same point in its sequence of calls, as for a collective.
         """
+        limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
         seq = self._seq
         self._seq += 1
-        limit = self.timeout if timeout is None else float(timeout)
         return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
                        f"{self.name} {what} #{seq - self._hidden}",
                        self._traffic.setdefault(what, Traffic(self.size)))
@@ -457,6 +466,7 @@ class Communicator(Collectives):
         """
         if self.closed:
             raise self._check.fail(what, "the communicator is closed")
+        limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
         traffic = self._traffic.setdefault(what, Traffic(self.size))
         traffic.calls += 1
         if what == "send":
@@ -466,7 +476,6 @@ class Communicator(Collectives):
             traffic.messages_received[peer] += 1
             traffic.bytes_received[peer] += nbytes
         request = self._executor.run(what, False, post)
-        limit = self.timeout if timeout is None else float(timeout)
         work = RequestWork(f"{self.name} {what} ({request!r})", self._executor, self.transport, request,
                            time.monotonic() + limit, result)
         return work if async_op else work.wait()

@@ -115,6 +115,14 @@ class Plan:
 PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it, data movement dominates)
 
 
+def seconds(value: object) -> float | None:
+    """`value` as a number of seconds to wait, > 0 (inf: no deadline); None if it is none (a bool,
+    a string, NaN, zero or less)."""
+    if type(value) is bool or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
+        return None   # (NaN fails `> 0` too)
+    return float(value)
+
+
 class Validator:
     """Argument checks for one rank; every message names the argument and the rank."""
 
@@ -135,6 +143,14 @@ class Validator:
         # dtype, shape, root, algorithm)
         self.block_plans: dict[tuple, Plan] = {}
         self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root, algorithm)
+
+    def timeout(self, collective: str, timeout: object) -> float:
+        """`timeout=` as seconds, checked before the call takes its number or posts anything."""
+        given = seconds(timeout)
+        if given is None:
+            raise self.fail(collective, f"timeout must be a number of seconds > 0 (inf: none), "
+                                        f"got {timeout!r}")
+        return given
 
     def fail(self, collective: str, message: str) -> InvalidArgument:
         """The error to raise: `rank 2: all_reduce: out has shape (3,), expected (4,)`."""

@@ -249,6 +249,51 @@ def test_bad_tag_and_peer_for_send_and_recv() -> None:
     spawn(_bad_point_to_point, 2)
 
 
+def _bad_timeouts(comm) -> list[float]:
+    """Bad `timeout=`s on rank 0 alone, each refused before the call takes its number or posts:
+    the collectives after them still line up on every rank, and the refused send never arrives."""
+    x = np.full(3, comm.rank + 1.0)
+    got = [comm.all_reduce(x)[0]]   # the signature is planned from here on
+    if comm.rank == 0:
+        for bad in ("5s", float("nan"), 0, -1.0, True, None.__class__):
+            for call in (lambda bad=bad: comm.all_reduce(x, timeout=bad),              # planned
+                         lambda bad=bad: comm.all_reduce(x, algorithm="ring", timeout=bad),
+                         lambda bad=bad: comm.broadcast(x, timeout=bad),
+                         lambda bad=bad: comm.barrier(timeout=bad),
+                         lambda bad=bad: comm.channel(timeout=bad),
+                         lambda bad=bad: comm.send(np.full(2, -1.0), 1, tag=5, timeout=bad)):
+                raises(comm, colls.InvalidArgument, call, "timeout", repr(bad))
+        comm.send(np.full(2, 7.0), 1, tag=5)
+    else:
+        into = np.zeros(2)
+        comm.recv(into, 0, tag=5)
+        got.append(into[0])   # the good send's, not a refused one's
+    got.append(comm.all_reduce(x, timeout=np.float32(10))[0])
+    got.append(comm.all_reduce(x, algorithm="ring", timeout=float("inf"))[0])
+    return got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_a_bad_timeout_is_refused_before_the_call_takes_its_number(transport) -> None:
+    """Found by review (2026-12-05): `timeout=` was read after the call had taken its sequence
+    number (the ranks' calls then no longer lined up) or a send had posted its message, as a bare
+    ValueError; NaN meant no deadline at all."""
+    assert spawn(_bad_timeouts, 2, transport) == [[3.0, 3.0, 3.0], [3.0, 7.0, 3.0, 3.0]]
+
+
+def test_a_bad_default_timeout_names_its_variable() -> None:
+    for bad in ("nan", "0", "-3"):
+        done = subprocess.run([sys.executable, "-c", "import colls; colls.spawn(lambda c: 0, 1)"],
+                              env={**os.environ, "COLLS_TIMEOUT": bad}, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode != 0 and f"COLLS_TIMEOUT={bad!r}" in done.stderr, done.stderr[-300:]
+    from colls.spawn import SpawnError
+
+    with pytest.raises(SpawnError, match="Communicator: timeout must be a number of seconds > 0"):
+        colls.spawn(lambda comm: 0, 1, timeout=float("nan"))
+
+
 def _closed_and_bad_split(comm) -> None:
     for color in (1.5, "a", True):
         raises(comm, colls.InvalidArgument, lambda color=color: comm.split(color), "split", "color")
