@@ -876,3 +876,19 @@ def test_a_plain_exchange_of_what_was_just_received_keeps_the_fifo(monkeypatch):
         if not cma:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
         assert made == [0, 1]
+
+
+def test_a_cross_memory_copy_beyond_what_one_call_moves_goes_in_several(monkeypatch):
+    """Found by review (2026-12-05): one process_vm_readv/writev moves at most 2 GiB less a page, and
+    a bigger message failed as a short copy. Here the most a call moves is set to 12 KiB, and this
+    process reads and writes its own memory in pieces of it, the last one short."""
+    if attach._readv is None:
+        pytest.skip("no process_vm_readv here")
+    monkeypatch.setattr(attach, "MOST_BYTES", 3 * 4096)
+    source = np.random.default_rng(3).integers(0, 255, 50_000, dtype=np.uint8)
+    target = np.zeros_like(source)
+    attach.read(os.getpid(), attach.address_of(source), target)
+    assert np.array_equal(target, source)
+    again = np.zeros_like(source)
+    attach.write(os.getpid(), attach.address_of(again), source)
+    assert np.array_equal(again, source)

@@ -56,17 +56,26 @@ def write(pid: int, address: int, source: np.ndarray) -> None:
     _move(_writev, "process_vm_writev", pid, address, source)
 
 
+# the most one process_vm_* call moves (the kernel's MAX_RW_COUNT: 2 GiB less a page); a bigger
+# buffer goes in several calls
+MOST_BYTES = (1 << 31) - 4096
+
+
 def _move(call, name: str, pid: int, address: int, local_buffer: np.ndarray) -> None:
-    local = _IoVec(address_of(local_buffer), local_buffer.nbytes)
-    remote = _IoVec(address, local_buffer.nbytes)
-    done = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) if call else -1
-    if done == local_buffer.nbytes:
-        return
-    code = ctypes.get_errno()
-    if code == errno.ESRCH:
-        raise ProcessLookupError(f"the process {pid} being copied to or from has gone")
-    raise TransportError(f"{name} with pid {pid} moved {done} of {local_buffer.nbytes} B: "
-                         f"{os.strerror(code) if code else 'short copy'}")
+    total = local_buffer.nbytes
+    base = address_of(local_buffer)
+    for offset in range(0, total, MOST_BYTES) if total > MOST_BYTES else (0,):
+        n = min(MOST_BYTES, total - offset)
+        local = _IoVec(base + offset, n)
+        remote = _IoVec(address + offset, n)
+        done = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) if call else -1
+        if done == n:
+            continue
+        code = ctypes.get_errno()
+        if code == errno.ESRCH:
+            raise ProcessLookupError(f"the process {pid} being copied to or from has gone")
+        raise TransportError(f"{name} with pid {pid} moved {offset + max(done, 0)} of {total} B: "
+                             f"{os.strerror(code) if code else 'short copy'}")
 
 
 HUGE_FROM_BYTES = 4 << 20   # numpy asks the kernel for huge pages for its allocations from here
