@@ -892,3 +892,28 @@ def test_a_cross_memory_copy_beyond_what_one_call_moves_goes_in_several(monkeypa
     again = np.zeros_like(source)
     attach.write(os.getpid(), attach.address_of(again), source)
     assert np.array_equal(again, source)
+
+
+def _tags_out_of_order(comm) -> list:
+    """Rank 0 posts a receive for tag 5, then waits on one for tag 6; rank 1 sends tag 6 first and
+    tag 5 only after rank 0 answered (tag 7), so the tag-6 receive must match past the tag-5 one."""
+    if comm.rank == 0:
+        first, second = np.zeros(4, np.int64), np.zeros(4, np.int64)
+        pending = comm.recv(first, 1, tag=5, async_op=True)
+        comm.recv(second, 1, tag=6, timeout=10)
+        comm.send(np.ones(4, np.int64), 1, tag=7)
+        pending.wait()
+        return [first.tolist(), second.tolist()]
+    comm.send(np.full(4, 6, np.int64), 0, tag=6)
+    comm.recv(np.zeros(4, np.int64), 0, tag=7, timeout=10)
+    comm.send(np.full(4, 5, np.int64), 0, tag=5)
+    return []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_a_receive_waiting_for_one_tag_blocks_no_receive_of_another(transport):
+    """Found by review (2026-12-05): the local transport matched only the oldest receive from each
+    peer, so a receive posted for a tag not yet sent blocked every later one from that peer."""
+    got, _ = colls.spawn(_tags_out_of_order, 2, transport=transport, timeout=40)
+    assert got == [[5] * 4, [6] * 4]

@@ -128,11 +128,15 @@ class LocalTransport(Transport):
         moved = False
         inbox = self.world.mailbox[self.rank]
         for src, receives in enumerate(self.pending):
-            while receives:
-                send = _first_with_tag(inbox[src], receives[0].tag)
+            # each receive takes the first parked send with its tag: receives of one tag in the
+            # order posted, of different tags in any (one waiting for a tag blocks no other)
+            index = 0
+            while index < len(receives) and inbox[src]:
+                send = _first_with_tag(inbox[src], receives[index].tag)
                 if send is None:
-                    break
-                recv = receives.pop(0)
+                    index += 1
+                    continue
+                recv = receives.pop(index)
                 inbox[src].remove(send)
                 _deliver(send, recv, src, self.rank)
                 moved = True
