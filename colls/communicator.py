@@ -451,6 +451,8 @@ class Communicator(Collectives):
                 on_device or x.flags.writeable):
             raise self._check.fail("recv", "x must be a writable C-contiguous numpy array (or, over "
                                            "cuda_ipc, cupy array) to receive into")
+        if x.dtype.hasobject:   # references to objects of this process: no bytes to receive into
+            raise self._check.fail("recv", f"x has dtype {x.dtype}, which holds Python objects")
         src = self._check.peer("recv", src, "src")
         tag = self._user_tag("recv", tag)
         flat = x.reshape(-1)
@@ -499,6 +501,9 @@ class Communicator(Collectives):
             raise self._check.fail("split", f"color must be an int or None, got {color!r}")
         if key is not None and (isinstance(key, bool) or not isinstance(key, (int, np.integer))):
             raise self._check.fail("split", f"key must be an int or None, got {key!r}")
+        for name, value in (("color", color), ("key", key)):   # both travel as int64
+            if value is not None and not -(1 << 63) <= int(value) < 1 << 63:
+                raise self._check.fail("split", f"{name} must fit in 64 bits, got {value!r}")
         colour = -1 if color is None or color < 0 else int(color)
         mine = np.array([colour, self.rank if key is None else int(key)], np.int64)
         table = self.all_gather(mine.reshape(1, 2))

@@ -241,6 +241,8 @@ def _bad_point_to_point(comm) -> None:
     read_only.setflags(write=False)
     for buf in (strided, read_only, [1.0, 2.0], np.ones((3, 2)).T):
         raises(comm, colls.InvalidArgument, lambda buf=buf: comm.recv(buf, 0), "recv", "x")
+    for buf in (np.empty(2, object), np.empty(2, [("a", "O")])):   # (found by review, 2026-12-05)
+        raises(comm, colls.InvalidArgument, lambda buf=buf: comm.recv(buf, 0), "recv", "x", "objects")
     nothing_moved(comm)
 
 
@@ -298,6 +300,8 @@ def _closed_and_bad_split(comm) -> None:
     for color in (1.5, "a", True):
         raises(comm, colls.InvalidArgument, lambda color=color: comm.split(color), "split", "color")
     raises(comm, colls.InvalidArgument, lambda: comm.split(0, key=2.5), "split", "key")
+    raises(comm, colls.InvalidArgument, lambda: comm.split(0, key=2**70), "split", "key", "64 bits")
+    raises(comm, colls.InvalidArgument, lambda: comm.split(-(2**64)), "split", "color", "64 bits")
     nothing_moved(comm)
     sub = comm.split(0)
     sub.close()
