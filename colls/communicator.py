@@ -34,6 +34,9 @@ CHOOSING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 CHOOSE_BYTES = 128 << 10
 
 
+CLOSE_DRAIN_S = 10.0   # how long `close` waits for asynchronous work it has aborted to end
+
+
 def default_timeout() -> float:
     """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
     given = env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
@@ -586,7 +589,12 @@ class Communicator(Collectives):
     def close(self) -> None:
         """Finish pending work and release the transport (segments, MPI communicators)."""
         if not self.closed:
-            self._executor.drain(self.timeout)
+            if not self._executor.drain(self.timeout):
+                # asynchronous work still running (a longer timeout= of its own): released by an
+                # abort, not left to find its transport closed under it
+                self.transport.abort(f"rank {self.rank} closed {self.name} with asynchronous work "
+                                     f"still running")
+                self._executor.drain(CLOSE_DRAIN_S)
             self._scratch_bytes = None
             self.closed = True
             if self._levels is not None:

@@ -492,3 +492,29 @@ def test_killed_rank_under_plain_mpiexec_ends_the_job_and_leaves_nothing(tmp_pat
     done, reports = _kill_under_mpi(command, script, tmp_path, 3)
     assert done.returncode != 0
     assert all(report["peer"] == 1 for report in reports.values()), reports
+
+
+def _closed_under_async_work(comm) -> list:
+    """Rank 0 starts an asynchronous all_reduce whose own timeout (30 s) outlasts the communicator's
+    (2 s), then closes the communicator while rank 1 stays away: the close aborts that work (which
+    raises CommunicatorAborted on `wait`) instead of closing the transport under it."""
+    if comm.rank == 1:
+        time.sleep(4)
+        return []
+    work = comm.all_reduce(np.ones(1 << 18), async_op=True, timeout=30)
+    began = time.monotonic()
+    comm.close()
+    closed_after = time.monotonic() - began
+    with pytest.raises(colls.CommunicatorAborted, match="closed world with asynchronous work"):
+        work.wait()
+    return [closed_after]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_closing_with_asynchronous_work_running_aborts_it(transport):
+    """Found by review (2026-12-05): `close` went on to close the transport when asynchronous work
+    outlasted its wait, and that work then failed with whatever the closed transport raised (a
+    TypeError from a released FIFO here)."""
+    (closed_after,), _ = colls.spawn(_closed_under_async_work, 2, transport=transport, timeout=2)
+    assert 1.5 < closed_after < 4.0
