@@ -58,6 +58,7 @@ class Communicator(Collectives):
         self.rank = transport.rank
         self.size = transport.size
         self.name = name
+        self.members = tuple(range(self.size))   # the world's ranks, in this group's order (`split`)
         self.timeout = default_timeout() if timeout is None else seconds(timeout)
         if self.timeout is None:
             raise InvalidArgument(f"rank {self.rank}: Communicator: timeout must be a number of seconds > 0 "
@@ -519,6 +520,7 @@ class Communicator(Collectives):
         child = Communicator(transport, self.timeout, f"{self.name}.{self._splits}:{colour}",
                              self.layout.subset(members))
         child._shm_inside = self._shm_inside
+        child.members = tuple(self.members[r] for r in members)
         return child
 
     def _exchange(self, data: bytes) -> list[bytes]:

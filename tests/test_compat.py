@@ -233,3 +233,38 @@ def test_mpiexec_runner(tmp_path: Path, transport: str) -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("vendor colls size 2 half 1") == 2, done.stdout
+
+
+def _own_block_mismatch(collective: str):
+    """Rank 1 gives a block to itself that does not fit its own receive; the others are right."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    send = np.arange(2 * size, dtype="i") + 100 * rank
+    recv = np.full(2 * size, -1, "i")
+    counts = [2] * size
+    bad = [2] * size
+    bad[1] = 1
+    try:
+        if collective == "Alltoallv":
+            comm.Alltoallv([send, counts, MPI.INT], [recv, bad if rank == 1 else counts, MPI.INT])
+        elif collective == "Gatherv":   # the root's 2 elements, with room for 1 of its own
+            comm.Gatherv(send[:2], [recv, bad, MPI.INT] if rank == 1 else None, root=1)
+        else:                           # the root's block of 2, into its receive of 1
+            comm.Scatterv([send, counts, MPI.INT] if rank == 1 else None, recv[:1 if rank == 1 else 2],
+                          root=1)
+        outcome = "ok"
+    except Exception as error:   # noqa: BLE001 - the test reads its type
+        outcome = type(error).__name__
+    return outcome, recv.tolist()
+
+
+@pytest.mark.parametrize("collective", ["Alltoallv", "Gatherv", "Scatterv"])
+def test_a_rank_whose_own_block_does_not_fit_raises_before_anything_moves(collective):
+    """Found by review (2026-12-05): the rank's own block was checked after its sends and receives
+    were posted, so the others got its blocks and returned as if the call had worked."""
+    results = spawn(lambda: _own_block_mismatch(collective), 3, timeout=2)
+    assert results[1] == ("ValueError", [-1] * 6)          # refused, and nothing landed
+    for outcome, recv in (results[0], results[2]):
+        # rank 1 never took part (a Gatherv's small sends end once they leave: no wait on it)
+        assert outcome == ("ok" if collective == "Gatherv" else "CollectiveTimeout")
+        assert recv[2:4] == [-1, -1]                        # and it sent them nothing

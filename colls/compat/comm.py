@@ -133,10 +133,18 @@ class Comm(BlockCollectives, ScheduledCollectives):
         comm.close()
 
     def Compare(self, other: Comm) -> int:
-        """MPI.IDENT for the same communicator, MPI.CONGRUENT for the same ranks in the same order."""
+        """MPI.IDENT for the same communicator, MPI.CONGRUENT for the same ranks in the same order,
+        MPI.SIMILAR in another order, MPI.UNEQUAL otherwise."""
         if self._comm is other._comm:
             return IDENT
-        return CONGRUENT if self.Get_size() == other.Get_size() else UNEQUAL
+        mine, theirs = self._members(), other._members()
+        if mine == theirs:
+            return CONGRUENT
+        return SIMILAR if sorted(mine) == sorted(theirs) else UNEQUAL
+
+    def _members(self) -> tuple[int, ...]:
+        """The world's ranks in this communicator, in its order."""
+        return self._comm.members
 
     def Abort(self, errorcode: int = 0) -> None:
         """Release every rank blocked on this communicator and exit this process with `errorcode`."""
@@ -271,6 +279,9 @@ class _Self(Intracomm):
     @property
     def _comm(self) -> Communicator:
         return self._resolved()   # type: ignore[return-value]
+
+    def _members(self) -> tuple[int, ...]:
+        return (COMM_WORLD.Get_rank(),)   # (compared with another, which a world made: it exists)
 
     def Get_name(self) -> str:
         """MPI_COMM_SELF."""

@@ -78,12 +78,12 @@ class ScheduledCollectives:
     def _exchange_blocks(self, what: str, send: list[np.ndarray], recv: list[np.ndarray]) -> None:
         """Block i of `send` goes to rank i, block j of `recv` comes from rank j (empty ones skipped)."""
         comm = self._comm
+        _check_same(send[comm.rank], recv[comm.rank], what, comm.rank)   # before any byte moves
         channel = self._channel(what)
         requests = [channel.recv(recv[peer], peer) for peer in range(comm.size)
                     if peer != comm.rank and recv[peer].size]
         requests += [channel.send(send[peer], peer) for peer in range(comm.size)
                      if peer != comm.rank and send[peer].size]
-        _check_same(send[comm.rank], recv[comm.rank], what, comm.rank)
         recv[comm.rank][...] = send[comm.rank]
         channel.wait(*requests)
 
@@ -95,10 +95,10 @@ class ScheduledCollectives:
             received = vector(recvbuf, writable=True, blocks=comm.size)
             blocks = [received.block(rank) for rank in range(comm.size)]
             mine = blocks[root] if is_in_place(sendbuf) else simple(sendbuf, writable=False).data()
+            _check_same(mine, blocks[root], "Gatherv", root)   # before any byte moves
             channel = self._channel("Gatherv")
             requests = [channel.recv(blocks[rank], rank) for rank in range(comm.size)
                         if rank != root and blocks[rank].size]
-            _check_same(mine, blocks[root], "Gatherv", root)
             blocks[root][...] = mine
             channel.wait(*requests)
         else:
@@ -114,12 +114,13 @@ class ScheduledCollectives:
         if comm.rank == root:
             sent = vector(sendbuf, writable=False, blocks=comm.size)
             blocks = [sent.block(rank) for rank in range(comm.size)]
+            mine = None if is_in_place(recvbuf) else simple(recvbuf, writable=True).data()
+            if mine is not None:
+                _check_same(blocks[root], mine, "Scatterv", root)   # before any byte moves
             channel = self._channel("Scatterv")
             requests = [channel.send(blocks[rank], rank) for rank in range(comm.size)
                         if rank != root and blocks[rank].size]
-            if not is_in_place(recvbuf):
-                mine = simple(recvbuf, writable=True).data()
-                _check_same(blocks[root], mine, "Scatterv", root)
+            if mine is not None:
                 mine[...] = blocks[root]
             channel.wait(*requests)
         else:
