@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 
-from transports.errors import InvalidArgument
+from transports.errors import CollsError, InvalidArgument
 
 from .communicator import Communicator
 
@@ -44,8 +45,29 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
         _world = _singleton(kind or "local", timeout)
     if _world.size > 1:
         _world.discover_hosts()   # ranks spread over hosts run all_reduce & co. hierarchically
+        _abort_on_uncaught(_world)
     atexit.register(_world.close)
     return _world
+
+
+def _abort_on_uncaught(world: Communicator) -> None:
+    """An exception that ends this process outside a collective aborts the world first, so that the
+    peers raise CommunicatorAborted naming this rank at once, not at their deadline: under mpiexec
+    this process would otherwise wait in MPI_Finalize for them while they wait for it. As a call
+    that fails (`Communicator._broken`), not for an error of colls' own, which the peers see for
+    themselves (a lost peer: each survivor raises PeerLost naming it, not an abort by another)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if world is _world and not world.closed and not issubclass(kind, CollsError):
+            first = f"{kind.__name__}: {value}".splitlines()[0][:200]
+            try:
+                world.transport.abort(f"rank {world.rank} ended with an uncaught {first}")
+            except Exception:   # noqa: BLE001 - the error being reported matters more
+                pass
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def _process_transport(kind: str):
@@ -72,15 +94,17 @@ def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Co
 
 
 def _from_mpiexec(kind: str, timeout: float | None) -> Communicator:
-    from transports.mpi import MpiTransport, import_mpi
+    from transports.mpi import MpiTransport, import_mpi, unlink_mpich_init_segments
 
     MPI = import_mpi()
     if kind == "mpi":
         return Communicator(MpiTransport(), timeout)
     if kind in ("shm", "cuda_ipc"):
         world = MPI.COMM_WORLD   # only to swap segment names and IPC handles: MPI's allgather
-        return Communicator(_process_transport(kind)(world.Get_rank(), world.Get_size(), world.allgather),
+        comm = Communicator(_process_transport(kind)(world.Get_rank(), world.Get_size(), world.allgather),
                             timeout)
+        unlink_mpich_init_segments()   # every rank is past MPI_Init (its allgathers): as the mpi transport
+        return comm
     raise InvalidArgument("the local transport runs ranks as threads of one process; under mpiexec "
                           "use COLLS_TRANSPORT=mpi, shm or cuda_ipc")
 

@@ -48,7 +48,7 @@ def run_command(args: argparse.Namespace) -> int:
         args.parser.error("give a script (or -m module) to run")
     if args.nprocs < 1:
         args.parser.error(f"-n must be at least 1, not {args.nprocs}")
-    if args.timeout is not None and args.timeout <= 0:
+    if args.timeout is not None and not args.timeout > 0:   # (NaN too)
         args.parser.error(f"--timeout must be positive, not {args.timeout:g}")
     if args.hosts is not None and not 1 <= args.hosts <= args.nprocs:
         args.parser.error(f"--hosts must be between 1 and -n ({args.nprocs}), not {args.hosts}")

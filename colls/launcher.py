@@ -20,7 +20,7 @@ import threading
 import time
 from typing import IO
 
-from transports.segment import SHM_DIR, remove_job_segments
+from transports.segment import SHM_DIR, mpich_segments, remove_job_segments, remove_orphaned_mpich_segments
 
 DEFAULT_TRANSPORT = "shm"
 GRACE_SECONDS = 3.0
@@ -29,7 +29,14 @@ EXIT_TIMEOUT = 124
 
 # Variables that an outer MPI launcher sets; a rank that inherited them would try to join that outer
 # job (MPICH's PMI_FD, Open MPI's world rank) instead of ours, so they are not passed on.
-_FOREIGN_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_")
+_FOREIGN_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "MV2_COMM_WORLD_")
+
+
+def without_outer_launcher(environment) -> dict[str, str]:
+    """`environment` less the variables by which an outer mpiexec names its ranks (`colls.init`
+    would take a rank that kept them for one of that job's)."""
+    return {key: value for key, value in environment.items()
+            if not key.startswith(_FOREIGN_LAUNCHER_PREFIXES)}
 
 
 def job_environment(rank: int, size: int, transport: str, rendezvous: str, job: str) -> dict[str, str]:
@@ -105,7 +112,8 @@ class _LineRelay(threading.Thread):
 
 
 class _SignalCatcher:
-    """Turn SIGINT/SIGTERM to the launcher into a flag the monitor loop reads (main thread only)."""
+    """Turn SIGINT/SIGTERM/SIGHUP to the launcher into a flag the monitor loop reads (main thread
+    only). The ranks lead sessions of their own, so a closed terminal's SIGHUP reaches only us."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
@@ -113,7 +121,7 @@ class _SignalCatcher:
 
     def __enter__(self) -> _SignalCatcher:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -135,7 +143,7 @@ def _signal_group(child: subprocess.Popen, signum: int) -> None:
 
 def _child_environment(extra: dict[str, str] | None) -> dict[str, str]:
     """Our environment plus `extra`, minus the variables of an outer MPI launcher."""
-    base = {key: value for key, value in os.environ.items() if not key.startswith(_FOREIGN_LAUNCHER_PREFIXES)}
+    base = without_outer_launcher(os.environ)
     base.update(extra or {})
     return base
 
@@ -201,7 +209,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         raise ValueError(f"nprocs must be at least 1, not {nprocs}")
     if not argv_of_program:
         raise ValueError("nothing to run: give a script (or -m module) and its arguments")
-    if timeout is not None and timeout <= 0:
+    if timeout is not None and not timeout > 0:   # (NaN too)
         raise ValueError(f"timeout must be positive, not {timeout}")
     base = _child_environment(env)
     # An explicit choice wins; otherwise keep what the user exported, else the default.
@@ -258,11 +266,13 @@ def find_mpiexec() -> str | None:
 # (128 + signal) and names it, with auto-cleanup off: the survivors live on to raise PeerLost
 # (transports/mpi.py). The sh ignores the SIGUSR1 that Hydra then sends to every rank (MPICH
 # installs its own handler for it).
-# It also leaves the status in $COLLS_DEATHS/<rank>, so that the launcher can stop survivors that
-# still hang (in MPI_Finalize, waiting for the dead rank) once they have had time to report.
-RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && { '
+# It also leaves the status of a rank that ended badly (a signal or a non-zero exit) in
+# $COLLS_DEATHS/<rank>, so that the launcher can stop survivors that still hang once they have had
+# time to report: in MPI_Finalize waiting for the dead rank, or in MPI_Init for one that exited
+# before it got there (MPI_Init has no deadline).
+RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && '
               'echo "colls run: rank $PMI_RANK killed by signal SIG$(kill -l $status)" >&2; '
-              'echo $status > "$COLLS_DEATHS/$PMI_RANK"; }; exit $status')
+              '[ $status -ne 0 ] && echo $status > "$COLLS_DEATHS/$PMI_RANK"; exit $status')
 DEATH_GRACE_S = 10.0   # after a rank's death, how long the survivors get to raise, report and exit
 
 
@@ -292,45 +302,58 @@ def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str,
             command += [*([":"] if host else []), "-n", str(count), "-env", "COLLS_HOST", f"vhost{host}",
                         *program]
     deaths = tempfile.mkdtemp(prefix="colls-deaths-")
-    child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi", COLLS_DEATHS=deaths),
-                             start_new_session=True)
-    try:
-        status = _wait_for_mpiexec(child, timeout, deaths)
-        if status is not None:
-            return status
-    except subprocess.TimeoutExpired:
-        _note(f"timed out after {timeout:g} s; killing all ranks")
-        _signal_group(child, signal.SIGKILL)
-        child.wait()
-        return EXIT_TIMEOUT
-    except KeyboardInterrupt:
-        _signal_group(child, signal.SIGTERM)
-        child.wait()
-        return 130
-    finally:
-        shutil.rmtree(deaths, ignore_errors=True)
+    segments_before = mpich_segments()   # ranks killed in MPI_Init or aborted leave MPICH's behind
+    # mpiexec leads a session of its own: a signal to us reaches it only through the catcher
+    with _SignalCatcher() as catcher:
+        child = subprocess.Popen(command, env=dict(env, COLLS_TRANSPORT="mpi", COLLS_DEATHS=deaths),
+                                 start_new_session=True)
+        try:
+            status = _wait_for_mpiexec(child, timeout, deaths, catcher)
+            if status is not None:
+                return status
+        except subprocess.TimeoutExpired:
+            _note(f"timed out after {timeout:g} s; killing all ranks")
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+            return EXIT_TIMEOUT
+        finally:
+            if child.poll() is None:   # only after an exception in the launcher itself
+                _signal_group(child, signal.SIGKILL)
+                child.wait()
+            shutil.rmtree(deaths, ignore_errors=True)
+            remove_orphaned_mpich_segments(segments_before)
     if child.returncode:
         _note(f"mpiexec {describe_exit(child.returncode)}")
     return shell_exit_code(child.returncode)
 
 
-def _wait_for_mpiexec(child: subprocess.Popen, timeout: float | None, deaths: str) -> int | None:
-    """Wait for mpiexec; None once it exits. If a rank dies and the job is still running
-    DEATH_GRACE_S later (a survivor stuck in MPI_Finalize on the dead rank), stop every rank and
-    return the dead rank's status. TimeoutExpired past `timeout`."""
+def _wait_for_mpiexec(child: subprocess.Popen, timeout: float | None, deaths: str,
+                      catcher: _SignalCatcher) -> int | None:
+    """Wait for mpiexec; None once it exits. If a rank ends badly and the job is still running
+    DEATH_GRACE_S later (a survivor stuck in MPI_Finalize on the dead rank, or in MPI_Init), stop
+    every rank and return that rank's status; on a signal to us, stop them and return 128 + it.
+    TimeoutExpired past `timeout`."""
     limit = None if timeout is None else time.monotonic() + timeout
     stop_at = None
     while child.poll() is None:
         now = time.monotonic()
+        if catcher.received:
+            signum = catcher.received[0]
+            _note(f"received {signal.Signals(signum).name}; terminating all ranks")
+            _stop_all([child], catcher, GRACE_SECONDS)
+            return 128 + signum
         if limit is not None and now >= limit:
             raise subprocess.TimeoutExpired(child.args, timeout)
         if stop_at is None and os.listdir(deaths):
             stop_at = now + DEATH_GRACE_S
         if stop_at is not None and now >= stop_at:
-            first = sorted(os.listdir(deaths), key=int)[0]
+            # the first to end (survivors that raised and exited leave theirs after it)
+            first = min(os.listdir(deaths), key=lambda name: (os.stat(os.path.join(deaths, name)).st_mtime_ns,
+                                                              int(name)))
             with open(os.path.join(deaths, first)) as handle:
                 status = int(handle.read().strip() or 128 + signal.SIGKILL)
-            _note(f"rank {first} died and the job was still running {DEATH_GRACE_S:g} s later; "
+            how = describe_exit(128 - status if status > 128 else status)   # (a shell's 128 + signal)
+            _note(f"rank {first} {how} and the job was still running {DEATH_GRACE_S:g} s later; "
                   f"stopping the ranks left")
             _signal_group(child, signal.SIGKILL)
             child.wait()

@@ -89,6 +89,12 @@ def _spawn_threads(fn, nprocs: int, args: tuple, timeout: float | None,
 
 
 def _child(fn, rank: int, args: tuple, env: dict[str, str], timeout: float | None, pipe) -> None:
+    from .launcher import without_outer_launcher
+
+    # a rank of its own job, not of an mpiexec the parent runs under (`colls.init` would join that)
+    outer = set(os.environ) - set(without_outer_launcher(os.environ))
+    for name in outer:
+        del os.environ[name]
     os.environ.update(env)
     from . import bootstrap
 

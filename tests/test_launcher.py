@@ -248,6 +248,8 @@ def test_job_environment_and_bad_arguments() -> None:
         launch(["x.py"], nprocs=0)
     with pytest.raises(ValueError):
         launch([], nprocs=2)
+    with pytest.raises(ValueError, match="timeout"):
+        launch(["x.py"], nprocs=1, timeout=float("nan"))   # (found by review: NaN meant none)
 
 
 @pytest.mark.timeout(60)
@@ -267,3 +269,119 @@ def test_demo_runs_on_three_ranks() -> None:
     assert len(lines) == 3
     assert sorted(line[:4] for line in lines) == ["[0] ", "[1] ", "[2] "]
     assert all(line.endswith("correct") and "of 3 over shm" in line for line in lines)
+
+
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(),
+                                   reason="mpiexec is not installed (pip install 'colls[mpi]')")
+
+
+def _mpich_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport,signum", [("mpi", signal.SIGTERM), ("shm", signal.SIGHUP),
+                                              ("mpi", signal.SIGHUP)])
+def test_a_terminating_signal_to_the_launcher_stops_every_rank(tmp_path: Path, transport, signum) -> None:
+    """Found by review (2026-12-05): under --transport mpi a SIGTERM left mpiexec and every rank
+    running (mpiexec leads a session of its own), and a SIGHUP (a closed terminal) orphaned the
+    ranks on either transport."""
+    if transport == "mpi" and not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = write_script(tmp_path, "waiter.py", f"""
+        import os, time
+        rank = os.environ.get("COLLS_RANK") or os.environ["PMI_RANK"]
+        open(os.path.join({str(tmp_path)!r}, "pid." + rank), "w").write(str(os.getpid()))
+        time.sleep(120)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-m", "colls.cli", "run", "--transport", transport,
+                                 "-n", "2", script], env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 40
+    while len(list(tmp_path.glob("pid.*"))) < 2 or any(not p.read_text() for p in tmp_path.glob("pid.*")):
+        assert time.monotonic() < deadline, "ranks never started"
+        time.sleep(0.05)
+    launcher.send_signal(signum)
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + signum
+    assert f"received {signal.Signals(signum).name}" in stderr
+    time.sleep(0.5)
+    for pid_file in tmp_path.glob("pid.*"):
+        assert not _running(int(pid_file.read_text()))
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a rank whose parent, MPI's proxy, was killed
+    is reparented, and may stay a zombie where the container's first process reaps nobody)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(90)
+@needs_mpiexec
+def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path) -> None:
+    """Found by review (2026-12-05): the others wait in MPI_Init (no deadline) for a rank that
+    exited with a code (not a signal) before it got there, and the job never ended; their MPICH
+    segment stayed in /dev/shm when they were stopped."""
+    script = write_script(tmp_path, "early.py", """
+        import os, time
+        if os.environ["PMI_RANK"] == "2":
+            time.sleep(0.5)
+            raise SystemExit("rank 2 fails before colls.init")
+        import colls
+        colls.init()
+    """)
+    before = _mpich_segments()
+    began = time.monotonic()
+    done = colls_run("--transport", "mpi", "-n", "3", script)
+    assert done.returncode == 1, done.stderr[-500:]
+    assert "rank 2 exited with code 1" in done.stderr
+    assert time.monotonic() - began < 30
+    assert not _mpich_segments() - before
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+@needs_mpiexec
+def test_a_rank_that_raises_between_collectives_under_mpiexec_releases_its_peers(tmp_path: Path,
+                                                                                  transport) -> None:
+    """Found by review (2026-12-05): under mpiexec a rank that raised outside a collective waited in
+    MPI_Finalize while its peers waited for it in their next collective, until their deadline (five
+    minutes by default), and nobody named it. It now aborts the world as it goes."""
+    script = write_script(tmp_path, "raiser.py", """
+        import numpy as np
+        import colls
+        comm = colls.init()
+        for step in range(50):
+            if comm.rank == 2 and step == 5:
+                raise RuntimeError("boom at step 5")
+            comm.all_reduce(np.ones(1000))
+    """)
+    began = time.monotonic()
+    done = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, script], env=child_env(
+        COLLS_TRANSPORT=transport, COLLS_TIMEOUT="120"), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert time.monotonic() - began < 30
+    reported = done.stderr.count("rank 2 ended with an uncaught RuntimeError: boom at step 5")
+    assert reported == 2, done.stderr[-800:]   # by ranks 0 and 1, in their CommunicatorAborted
+
+
+@pytest.mark.timeout(90)
+@needs_mpiexec
+def test_ranks_under_an_outer_launcher_form_a_job_of_their_own(tmp_path: Path) -> None:
+    """Found by review (2026-12-05): `colls.spawn` under mpiexec, and `colls run` with an MVAPICH
+    rank variable set, gave ranks that each joined the outer job (worlds of one) instead of theirs."""
+    spawner = write_script(tmp_path, "spawner.py", """
+        import colls
+        print(colls.spawn(lambda comm: (comm.rank, comm.size), 2, timeout=30), flush=True)
+    """)
+    done = subprocess.run([str(MPIEXEC), "-n", "1", sys.executable, spawner], env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[(0, 2), (1, 2)]", done.stderr[-500:]
+    who = write_script(tmp_path, "who.py", "import colls\nc = colls.init()\nprint('size', c.size)\n")
+    done = colls_run("-n", "2", who, MV2_COMM_WORLD_RANK="0")
+    assert sorted(done.stdout.splitlines()) == ["[0] size 2", "[1] size 2"], done.stderr[-500:]

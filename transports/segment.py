@@ -12,6 +12,8 @@ import mmap
 import os
 import secrets
 import stat
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -123,3 +125,48 @@ def remove_job_segments(job: str) -> int:
             except FileNotFoundError:
                 pass
     return removed
+
+
+def mpich_segments() -> set[str]:
+    """Names of MPICH's own shared-memory segments in /dev/shm."""
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith("mpich_shm_")}
+    except OSError:
+        return set()
+
+
+def _unmapped(names: set[str]) -> set[str]:
+    """Those of `names` that no process on this machine has mapped."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue   # a process that ended meanwhile, or one we may not read
+        mapped.update(name for name in names if name in text)
+    return names - mapped
+
+
+def remove_orphaned_mpich_segments(before: set[str], wait_s: float = 3.0) -> None:
+    """After a job, an aborted one above all: MPICH unlinks its segment only in MPI_Finalize, so an
+    MPI_Abort or a killed rank (or one killed in MPI_Init) leaves it in /dev/shm. Remove those that
+    appeared during our run once no live process maps them on two looks 0.2 s apart (so that another
+    job's segment caught between its creation and its mapping is left alone), looking for up to
+    `wait_s`: mpiexec may return while
+    its aborted ranks still hold theirs (2026-12-05: one look at once and one 0.2 s later left
+    every such segment behind)."""
+    left = mpich_segments() - before
+    deadline = time.monotonic() + wait_s
+    unmapped_before: set[str] = set()
+    while left:
+        unmapped = _unmapped(left)
+        for name in unmapped & unmapped_before:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except OSError:
+                pass
+            left.discard(name)
+        unmapped_before = unmapped
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)

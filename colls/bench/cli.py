@@ -128,50 +128,6 @@ def _child_environment(job: str) -> dict[str, str]:
     return env
 
 
-def _mpich_segments() -> set[str]:
-    """Names of MPICH's own shared-memory segments in /dev/shm."""
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
-    except OSError:
-        return set()
-
-
-def _unmapped(names: set[str]) -> set[str]:
-    """Those of `names` that no process on this machine has mapped."""
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:
-            continue   # a process that ended meanwhile, or one we may not read
-        mapped.update(name for name in names if name in text)
-    return names - mapped
-
-
-def _remove_orphaned_mpich_segments(before: set[str], wait_s: float = 3.0) -> None:
-    """After a job, an aborted one above all: MPICH unlinks its segment only in MPI_Finalize, so an
-    MPI_Abort or a killed rank leaves it in /dev/shm. Remove those that appeared during our run once no live
-    process maps them on two looks 0.2 s apart (so that another job's segment caught between its
-    creation and its mapping is left alone), looking for up to `wait_s`: mpiexec may return while
-    its aborted ranks still hold theirs (2026-12-05: one look at once and one 0.2 s later left
-    every such segment behind)."""
-    left = _mpich_segments() - before
-    deadline = time.monotonic() + wait_s
-    unmapped_before: set[str] = set()
-    while left:
-        unmapped = _unmapped(left)
-        for name in unmapped & unmapped_before:
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-            left.discard(name)
-        unmapped_before = unmapped
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-
-
 def _die_with_parent() -> None:
     """In mpiexec's process before exec: the kernel kills it should `colls bench` die first."""
     try:
@@ -183,14 +139,14 @@ def _die_with_parent() -> None:
 def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
     """mpiexec -n N python -m colls.bench.runner SPEC; returns its exit status (124 on timeout)."""
     from colls.launcher import find_mpiexec
-    from transports.segment import remove_job_segments
+    from transports.segment import mpich_segments, remove_job_segments, remove_orphaned_mpich_segments
 
     mpiexec = find_mpiexec()
     if mpiexec is None:
         print("colls bench: needs mpiexec and mpi4py: pip install 'colls[bench]'", file=sys.stderr)
         return EXIT_USAGE
     job = secrets.token_hex(6)
-    segments_before = _mpich_segments()
+    segments_before = mpich_segments()
     command = [mpiexec, "-n", str(spec.ranks), sys.executable, "-m", "colls.bench.runner", spec_path]
     child = subprocess.Popen(command, env=_child_environment(job), start_new_session=True,
                              preexec_fn=_die_with_parent)
@@ -219,7 +175,7 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
     if status != 0:
         _report_rank_errors(spec, spec_path)
     # (after a clean exit too: 2026-12-05, one was left by jobs that had all exited 0)
-    _remove_orphaned_mpich_segments(segments_before)
+    remove_orphaned_mpich_segments(segments_before)
     return status
 
 
