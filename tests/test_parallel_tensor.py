@@ -133,3 +133,22 @@ def test_cli_dp_tp(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["ranks"] == 4 and report["volume_problems"] == []
     assert report["serial_difference"]["relative"] <= FLOAT64_TOLERANCE
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--strategy", "ddp", "--micro-steps", "0"], "--micro-steps: must be at least 1"),
+    (["--strategy", "ddp", "--batch", "0"], "--batch: must be at least 1"),
+    (["--strategy", "gpipe", "--micro-batches", "0"], "--micro-batches: must be at least 1"),
+    (["--strategy", "ddp", "--bucket-mb", "nan"], "--bucket-mb: must be above 0"),
+    (["--strategy", "tp", "--tp", "3", "--heads", "2"], "2 heads cannot be split over tp = 3"),
+    (["--strategy", "3d", "--tp", "3", "--heads", "2"], "2 heads cannot be split over tp = 3"),
+])
+def test_train_refuses_flags_that_cannot_train_before_any_rank_starts(flags, message, capsys):
+    """Found by review (2026-12-05): `--micro-steps 0` trained nothing and exited 0 (its parameters
+    then differed from serial training's), and other sizes of 0 or more tp ranks than heads ended
+    in tracebacks from the ranks."""
+    from colls.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", *flags])
+    assert stop.value.code == 2 and message in capsys.readouterr().err

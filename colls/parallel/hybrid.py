@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import pipeline
+from . import pipeline, tensor
 from .common import RunResult, Setup
 from .expert import all_reduce_ranges, expert_parallel_layers, expert_ranges, replicated_ranges, shard
 from .layers import MoE
@@ -122,6 +122,8 @@ def world_size(strategy: str, setup: Setup) -> int:
     if strategy == "pp_ep" and setup.model.experts < 1:
         raise ValueError("pp_ep needs an MoE model: pass --experts E (E >= 1)")
     pipeline.check_setup(schedule_of(setup), setup, setup.pp * setup.dp * inner, inner)
+    if strategy != "pp_ep":
+        tensor.check_split(setup)
     return setup.pp * setup.dp * inner
 
 

@@ -310,7 +310,19 @@ def world_size(strategy: str, setup: Setup) -> int:
         raise ValueError(f"--strategy {strategy} takes --dp/--tp only (got --pp {setup.pp} --ep {setup.ep})")
     if strategy == "tp" and setup.dp != 1:
         raise ValueError(f"--strategy tp with --dp {setup.dp}: use --strategy dp_tp for a DP × TP grid")
+    check_split(setup)
     return setup.dp * setup.tp
+
+
+def check_split(setup: Setup) -> None:
+    """ValueError before anything starts where a layer has fewer heads or hidden units than tp
+    ranks (`_part` would raise on every rank once the ranks run)."""
+    for layer in setup.model.layers():
+        for what, name in (("heads", "heads"), ("hidden", "hidden units")):
+            count = getattr(layer, what, None)
+            if count is not None and count < setup.tp:
+                raise ValueError(f"tensor parallel: {count} {name} cannot be split over tp = {setup.tp} "
+                                 f"ranks; every rank needs at least one (use --tp <= {count})")
 
 
 def train(comm, setup: Setup) -> RunResult:

@@ -184,17 +184,37 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                  device=args.device)
 
 
+def at_least(lowest: int):
+    """An argparse type: an int no smaller than `lowest` (0 micro-steps, say, would train nothing)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, not {value}")
+        return value
+
+    parse.__name__ = "int"   # argparse names the type in its message
+    return parse
+
+
+def above_zero(text: str) -> float:
+    """An argparse type: a number > 0 (NaN too is refused)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `colls train`."""
     parser.add_argument("--strategy", choices=STRATEGIES, required=True)
-    parser.add_argument("-n", "--nprocs", type=int, default=None, metavar="N",
+    parser.add_argument("-n", "--nprocs", type=at_least(1), default=None, metavar="N",
                         help="number of ranks (default 2; model-parallel: what the grid needs)")
     parser.add_argument("--transport", choices=("local", "shm"), default="local",
                         help="local: ranks are threads; shm: processes over shared memory")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cuda: train on cupy arrays on the GPU, ranks as processes over the cuda_ipc "
                              "transport")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=at_least(1), default=5)
     parser.add_argument("--check-serial", action="store_true", help="also train serially and compare")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
@@ -202,28 +222,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="float16 working parameters/gradients, float32 compute and master weights")
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--lr", type=float, default=None)
-    parser.add_argument("--batch", type=int, default=12, help="global batch (sequences)")
+    parser.add_argument("--batch", type=at_least(1), default=12, help="global batch (sequences)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab", type=int, default=17)
-    parser.add_argument("--d-model", type=int, default=16)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--blocks", type=int, default=2, help="attention + MLP block pairs")
-    parser.add_argument("--seq-len", type=int, default=8)
-    parser.add_argument("--micro-steps", type=int, default=1, help="ddp: gradient accumulation micro-steps")
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="ddp: bucket cap")
-    parser.add_argument("--first-bucket-mb", type=float, default=1.0, help="ddp: first bucket cap")
+    parser.add_argument("--vocab", type=at_least(1), default=17)
+    parser.add_argument("--d-model", type=at_least(1), default=16)
+    parser.add_argument("--heads", type=at_least(1), default=2)
+    parser.add_argument("--blocks", type=at_least(1), default=2, help="attention + MLP block pairs")
+    parser.add_argument("--seq-len", type=at_least(1), default=8)
+    parser.add_argument("--micro-steps", type=at_least(1), default=1,
+                        help="ddp: gradient accumulation micro-steps")
+    parser.add_argument("--bucket-mb", type=above_zero, default=25.0, help="ddp: bucket cap")
+    parser.add_argument("--first-bucket-mb", type=above_zero, default=1.0, help="ddp: first bucket cap")
     parser.add_argument("--algorithm", default="ring", help="ddp: all_reduce algorithm")
     grid = parser.add_argument_group("model parallelism (gpipe, 1f1b, interleaved, tp, ep, dp_tp, pp_ep, 3d)")
-    grid.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    grid.add_argument("--tp", type=int, default=1, help="tensor-parallel size (innermost, consecutive ranks)")
-    grid.add_argument("--pp", type=int, default=1, help="pipeline stages (outermost)")
-    grid.add_argument("--ep", type=int, default=1, help="expert-parallel size")
-    grid.add_argument("--micro-batches", type=int, default=4, help="pipeline: micro-batches m per step")
-    grid.add_argument("--chunks", type=int, default=1, help="interleaved: model chunks v per rank")
+    grid.add_argument("--dp", type=at_least(1), default=1, help="data-parallel size")
+    grid.add_argument("--tp", type=at_least(1), default=1,
+                      help="tensor-parallel size (innermost, consecutive ranks)")
+    grid.add_argument("--pp", type=at_least(1), default=1, help="pipeline stages (outermost)")
+    grid.add_argument("--ep", type=at_least(1), default=1, help="expert-parallel size")
+    grid.add_argument("--micro-batches", type=at_least(1), default=4,
+                      help="pipeline: micro-batches m per step")
+    grid.add_argument("--chunks", type=at_least(1), default=1, help="interleaved: model chunks v per rank")
     grid.add_argument("--stage-seconds", type=float, default=0.0,
                       help="pipeline: sleep this long per stage forward (twice per backward), so stages "
                            "cost the same and the measured bubble is judged against the formula")
-    grid.add_argument("--experts", type=int, default=0, help="MoE: experts E (0: dense MLPs)")
+    grid.add_argument("--experts", type=at_least(0), default=0, help="MoE: experts E (0: dense MLPs)")
     grid.add_argument("--top-k", type=int, default=1, choices=(1, 2), help="MoE: experts per token")
     grid.add_argument("--capacity-factor", type=float, default=1.0, help="MoE: capacity factor C")
     grid.add_argument("--aux-alpha", type=float, default=0.01, help="MoE: load-balancing loss weight")
