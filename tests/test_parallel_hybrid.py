@@ -61,6 +61,9 @@ THREE_D = [dict(pp=2, dp=2, micro_batches=3),                   # DP 2 × PP 2 (
            dict(pp=2, dp=2, tp=2, micro_batches=3),             # 8 ranks: DP 2 × TP 2 × PP 2
            dict(pp=3, tp=2, micro_batches=3),                   # p = 3, 6 ranks
            dict(pp=2, tp=3, micro_batches=2, model=FOUR_HEADS),  # uneven TP: heads 2/1/1, hidden 22/21/21
+           # uneven TP under DP 3: the replicated gradients summed in one order on every tp rank
+           # (found by review, 2026-12-05: their copies drifted apart in the last bits)
+           dict(pp=1, dp=3, tp=3, micro_batches=2, model=FOUR_HEADS),
            dict(pp=2, tp=2, chunks=2, micro_batches=2)]         # interleaved
 
 

@@ -191,6 +191,26 @@ class TensorStages(pipeline.Replicated):
         self.tp_comm = tp_comm
         self.counts_loss = tp_comm.rank == 0   # the tp ranks compute the same loss
         self.comms = [c for c in (tp_comm, data_comm) if c is not None]
+        self._ranges: tuple[list, list] | None = None   # (replicated, cut) ranges of the flat gradient
+
+    def sync(self, local: Model, grads: np.ndarray) -> None:
+        """Sum over the dp ranks holding this cut: the replicated tensors and the cut ones in two
+        all-reduces, so that the replicated part is cut in the same blocks on every tp rank (and so
+        stays bitwise identical across them) when uneven cuts give the tp ranks buffers of different
+        sizes, as `tensor.sync_gradients` does. (One all-reduce of the whole buffer summed three dp
+        ranks' replicated gradients in a different order on each tp rank: found by review,
+        2026-12-05.)"""
+        if self.data_comm is None or self.data_comm.size == 1:
+            return
+        if self._ranges is None:
+            parts: tuple[list, list] = ([], [])
+            for _, layer, name, view in self._pairs(local, np.arange(grads.size)):
+                if view.size:
+                    positions = view.reshape(-1)
+                    parts[cut_of(layer, name) is not None].append((int(positions[0]), int(positions[-1]) + 1))
+            self._ranges = parts
+        for ranges in self._ranges:
+            all_reduce_ranges(self.data_comm, grads, ranges)
 
     def layers(self, layers: list) -> list:
         return [tensor_parallel(layer, self.tp_comm) for layer in layers]
