@@ -9,6 +9,7 @@ import sys
 from transports.errors import CollsError, InvalidArgument
 
 from .communicator import Communicator
+from .describe import seconds
 
 TRANSPORTS = ("local", "shm", "mpi", "cuda_ipc")
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
@@ -28,6 +29,9 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     the same communicator.
     """
     global _world
+    if timeout is not None and seconds(timeout) is None:
+        raise InvalidArgument(f"colls.init: timeout must be a number of seconds > 0 (inf: none), "
+                              f"got {timeout!r}")
     kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
     if kind is not None and kind not in TRANSPORTS:
         raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS} (COLLS_TRANSPORT)")
@@ -85,7 +89,10 @@ def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Co
     if kind in ("shm", "cuda_ipc"):
         from transports.bootstrap import FileBootstrap
 
-        rendezvous = FileBootstrap(os.environ["COLLS_RENDEZVOUS"], rank, size)
+        # the rendezvous waits as long as `timeout=` says, else 60 s (peers that never come are an
+        # error soon, not after the five minutes a call may wait)
+        rendezvous = FileBootstrap(os.environ["COLLS_RENDEZVOUS"], rank, size,
+                                   timeout=60.0 if timeout is None else timeout)
         return Communicator(_process_transport(kind)(rank, size, rendezvous.all_gather), timeout)
     if kind == "mpi":
         raise InvalidArgument("the mpi transport needs MPI's launcher: mpiexec -n N python script.py")

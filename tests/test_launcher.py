@@ -385,3 +385,24 @@ def test_ranks_under_an_outer_launcher_form_a_job_of_their_own(tmp_path: Path) -
     who = write_script(tmp_path, "who.py", "import colls\nc = colls.init()\nprint('size', c.size)\n")
     done = colls_run("-n", "2", who, MV2_COMM_WORLD_RANK="0")
     assert sorted(done.stdout.splitlines()) == ["[0] size 2", "[1] size 2"], done.stderr[-500:]
+
+
+@pytest.mark.timeout(60)
+def test_the_rendezvous_waits_as_long_as_init_is_told(tmp_path: Path) -> None:
+    """Found by review (2026-12-05): `colls.init(timeout=2)` waited its rendezvous' fixed 60 s for a
+    rank that never came."""
+    script = write_script(tmp_path, "absent.py", """
+        import os, sys, time
+        if os.environ["COLLS_RANK"] == "1":
+            sys.exit(0)            # never calls colls.init
+        import colls
+        began = time.monotonic()
+        try:
+            colls.init(timeout=2)
+        finally:
+            print(f"after {time.monotonic() - began:.1f} s", flush=True)
+    """)
+    done = colls_run("-n", "2", script)
+    assert done.returncode == 1
+    waited = float(re.search(r"\[0\] after ([0-9.]+) s", done.stdout).group(1))
+    assert 1.9 <= waited < 5.0, done.stdout
