@@ -122,6 +122,8 @@ class _SignalCatcher:
     def __enter__(self) -> _SignalCatcher:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue   # ignored by whoever started us (`nohup`, a background job): kept so
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -406,3 +406,17 @@ def test_the_rendezvous_waits_as_long_as_init_is_told(tmp_path: Path) -> None:
     assert done.returncode == 1
     waited = float(re.search(r"\[0\] after ([0-9.]+) s", done.stdout).group(1))
     assert 1.9 <= waited < 5.0, done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_ignored_by_whoever_started_the_launcher_stays_ignored(tmp_path: Path) -> None:
+    """`nohup colls run …`: a SIGHUP the launcher was started ignoring stops nothing."""
+    script = write_script(tmp_path, "nap.py", "import time\ntime.sleep(2)\nprint('slept')\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "colls.cli", "run", "-n", "2", script],
+                                env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    time.sleep(1.0)
+    launcher.send_signal(signal.SIGHUP)
+    stdout, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 0, stderr
+    assert sorted(stdout.splitlines()) == ["[0] slept", "[1] slept"]
