@@ -355,8 +355,11 @@ def test_an_exchange_whose_address_is_there_is_read_at_once_and_a_help_asked_mea
     assert early[0] == ["late", True, 1, 0, 0]
     # rank 1 read rank 0's message at once, no receive posted
     assert late[0] == ["late", True, 0, 0, 1]
-    # rank 0 read (at once or not: a race), then wrote half of its own message
-    assert early[1][:4] == ["helped", True, 0, 1]
+    # rank 0 read (at once with no receive posted or, when rank 1's header came a moment later,
+    # through the general path, which may post one: a race, lost once in CI on 2026-12-05), then
+    # wrote half of its own
+    case, right, posted, wrote, at_once = early[1]
+    assert [case, right, wrote] == ["helped", True, 1] and posted + at_once <= 1
     assert late[1] == ["helped", True, 1, 0, 0]
 
 
