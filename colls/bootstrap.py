@@ -30,7 +30,7 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     """
     global _world
     if timeout is not None and seconds(timeout) is None:
-        raise InvalidArgument(f"colls.init: timeout must be a number of seconds > 0 (inf: none), "
+        raise InvalidArgument(f"colls.init: timeout must be a finite number of seconds > 0, "
                               f"got {timeout!r}")
     kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
     if kind is not None and kind not in TRANSPORTS:

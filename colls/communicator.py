@@ -40,9 +40,9 @@ CLOSE_DRAIN_S = 10.0   # how long `close` waits for asynchronous work it has abo
 def default_timeout() -> float:
     """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
     given = env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
-    if seconds(given) is None:   # NaN would mean no deadline at all, unasked
-        raise ValueError(f"COLLS_TIMEOUT={os.environ.get('COLLS_TIMEOUT')!r}: give a number of seconds > 0 "
-                         f"(inf: none)")
+    if seconds(given) is None:   # NaN or infinity would mean no deadline at all
+        raise ValueError(f"COLLS_TIMEOUT={os.environ.get('COLLS_TIMEOUT')!r}: give a finite number of "
+                         f"seconds > 0")
     return given
 
 
@@ -61,8 +61,8 @@ class Communicator(Collectives):
         self.members = tuple(range(self.size))   # the world's ranks, in this group's order (`split`)
         self.timeout = default_timeout() if timeout is None else seconds(timeout)
         if self.timeout is None:
-            raise InvalidArgument(f"rank {self.rank}: Communicator: timeout must be a number of seconds > 0 "
-                                  f"(inf: none), got {timeout!r}")
+            raise InvalidArgument(f"rank {self.rank}: Communicator: timeout must be a finite number of "
+                                  f"seconds > 0, got {timeout!r}")
         self.layout = Layout.one_host(self.size) if layout is None else layout
         self._shm_inside = transport.name in ("shm", "local")   # hosts' ranks share a machine
         self._levels: Levels | None = None

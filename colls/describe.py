@@ -7,6 +7,7 @@ timeout errors, byte counters and, later, fingerprints that detect mismatched ca
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -116,11 +117,12 @@ PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it
 
 
 def seconds(value: object) -> float | None:
-    """`value` as a number of seconds to wait, > 0 (inf: no deadline); None if it is none (a bool,
-    a string, NaN, zero or less)."""
-    if type(value) is bool or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
-        return None   # (NaN fails `> 0` too)
-    return float(value)
+    """`value` as a number of seconds to wait, finite and > 0 (every wait has a deadline); None if
+    it is none (a bool, a string, NaN, infinity, zero or less)."""
+    if type(value) is bool or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    value = float(value)
+    return value if 0 < value < math.inf else None   # (NaN fails both)
 
 
 class Validator:
@@ -148,7 +150,7 @@ class Validator:
         """`timeout=` as seconds, checked before the call takes its number or posts anything."""
         given = seconds(timeout)
         if given is None:
-            raise self.fail(collective, f"timeout must be a number of seconds > 0 (inf: none), "
+            raise self.fail(collective, f"timeout must be a finite number of seconds > 0, "
                                         f"got {timeout!r}")
         return given
 

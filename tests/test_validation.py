@@ -257,7 +257,7 @@ def _bad_timeouts(comm) -> list[float]:
     x = np.full(3, comm.rank + 1.0)
     got = [comm.all_reduce(x)[0]]   # the signature is planned from here on
     if comm.rank == 0:
-        for bad in ("5s", float("nan"), 0, -1.0, True, None.__class__):
+        for bad in ("5s", float("nan"), float("inf"), 0, -1.0, True, None.__class__):
             for call in (lambda bad=bad: comm.all_reduce(x, timeout=bad),              # planned
                          lambda bad=bad: comm.all_reduce(x, algorithm="ring", timeout=bad),
                          lambda bad=bad: comm.broadcast(x, timeout=bad),
@@ -271,7 +271,7 @@ def _bad_timeouts(comm) -> list[float]:
         comm.recv(into, 0, tag=5)
         got.append(into[0])   # the good send's, not a refused one's
     got.append(comm.all_reduce(x, timeout=np.float32(10))[0])
-    got.append(comm.all_reduce(x, algorithm="ring", timeout=float("inf"))[0])
+    got.append(comm.all_reduce(x, algorithm="ring", timeout=1e6)[0])
     return got
 
 
@@ -285,14 +285,14 @@ def test_a_bad_timeout_is_refused_before_the_call_takes_its_number(transport) ->
 
 
 def test_a_bad_default_timeout_names_its_variable() -> None:
-    for bad in ("nan", "0", "-3"):
+    for bad in ("nan", "inf", "0", "-3"):
         done = subprocess.run([sys.executable, "-c", "import colls; colls.spawn(lambda c: 0, 1)"],
                               env={**os.environ, "COLLS_TIMEOUT": bad}, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode != 0 and f"COLLS_TIMEOUT={bad!r}" in done.stderr, done.stderr[-300:]
     from colls.spawn import SpawnError
 
-    with pytest.raises(SpawnError, match="timeout must be a number of seconds > 0 .inf: none., got nan"):
+    with pytest.raises(SpawnError, match="timeout must be a finite number of seconds > 0, got nan"):
         colls.spawn(lambda comm: 0, 1, timeout=float("nan"))
 
 
