@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from colls.launcher import cleanup_job_segments, job_environment, launch
+from transports.base import process_alive
+from transports.segment import mpich_segments
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -276,10 +278,6 @@ needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(),
                                    reason="mpiexec is not installed (pip install 'colls[mpi]')")
 
 
-def _mpich_segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("transport,signum", [("mpi", signal.SIGTERM), ("shm", signal.SIGHUP),
                                               ("mpi", signal.SIGHUP)])
@@ -308,17 +306,8 @@ def test_a_terminating_signal_to_the_launcher_stops_every_rank(tmp_path: Path, t
     assert f"received {signal.Signals(signum).name}" in stderr
     time.sleep(0.5)
     for pid_file in tmp_path.glob("pid.*"):
-        assert not _running(int(pid_file.read_text()))
-
-
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (a rank whose parent, MPI's proxy, was killed
-    is reparented, and may stay a zombie where the container's first process reaps nobody)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        # (a rank whose parent, MPI's proxy, was killed may stay a zombie where nobody reaps it)
+        assert not process_alive(int(pid_file.read_text()))
 
 
 @pytest.mark.timeout(90)
@@ -335,13 +324,13 @@ def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path
         import colls
         colls.init()
     """)
-    before = _mpich_segments()
+    before = mpich_segments()
     began = time.monotonic()
     done = colls_run("--transport", "mpi", "-n", "3", script)
     assert done.returncode == 1, done.stderr[-500:]
     assert "rank 2 exited with code 1" in done.stderr
     assert time.monotonic() - began < 30
-    assert not _mpich_segments() - before
+    assert not mpich_segments() - before
 
 
 @pytest.mark.timeout(90)
