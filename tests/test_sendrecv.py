@@ -823,30 +823,50 @@ def test_tune_measures_the_exchange_crossover_and_puts_it_into_effect():
 
 
 def _replace(comm, nbytes: int) -> list:
-    """Both ranks swap `nbytes` of int32 in place, plain then reduced; what each got, and whether a
-    scratch buffer was used each time."""
+    """Both ranks swap `nbytes` of int32 in place (`sendrecv(buf, peer, buf, peer)`), plain then
+    reduced; what each got."""
     transport, peer = comm.transport, 1 - comm.rank
     count = nbytes // 4
     buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
-    scratch = transport.sendrecv_replace(buf, peer, peer, TAG, time.monotonic() + 20)
+    transport.sendrecv(buf, peer, buf, peer, TAG, time.monotonic() + 20)
     got = buf.tolist()
     buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
-    reused = transport.sendrecv_replace(buf, peer, peer, TAG, time.monotonic() + 20, SUM.into_left, scratch)
-    return [got, buf.tolist(), scratch is not None, reused is scratch]
+    transport.sendrecv(buf, peer, buf, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    return [got, buf.tolist()]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("nbytes", [8, CHUNK, CHUNK + 4, 4 * CHUNK + 4])
-def test_sendrecv_replace_swaps_and_reduces_in_place(transport, nbytes):
+def test_sendrecv_in_place_swaps_and_reduces(transport, nbytes):
     results = colls.spawn(_replace, 2, transport=transport, args=(nbytes,), timeout=40)
     count = nbytes // 4
-    for rank, (got, total, scratched, reused) in enumerate(results):
+    for rank, (got, total) in enumerate(results):
         assert got == (np.arange(count) + 1000 * (1 - rank)).tolist()
         assert total == (2 * np.arange(count) + 1000).tolist()
-        assert reused   # the scratch it returned is the one passed back in (or None both times)
-        # shm copies a one-slot message out of the buffer at once: no scratch copy needed
-        assert scratched == (transport == "local" or nbytes > CHUNK)
+
+
+def _one_sided(comm, nbytes: int) -> list:
+    """Rank 0 sends alone (`sendrecv(buf, 1, None, ...)`), rank 1 receives alone, then the other way."""
+    transport, peer = comm.transport, 1 - comm.rank
+    count = nbytes // 4
+    got = []
+    for sender in (0, 1):
+        if comm.rank == sender:
+            transport.sendrecv(np.arange(count, dtype=np.int32) + sender, peer, None, peer, TAG,
+                               time.monotonic() + 20)
+        else:
+            buf = np.zeros(count, np.int32)
+            transport.sendrecv(None, peer, buf, peer, TAG, time.monotonic() + 20)
+            got.append(bool(np.array_equal(buf, np.arange(count) + sender)))
+    return got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("nbytes", [8, 4 * CHUNK + 4])
+def test_sendrecv_with_one_buffer_sends_or_receives_alone(transport, nbytes):
+    assert colls.spawn(_one_sided, 2, transport=transport, args=(nbytes,), timeout=40) == [[True], [True]]
 
 
 def _after_a_receive(comm) -> list:

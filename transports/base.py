@@ -21,6 +21,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +56,20 @@ class Request:
         return f"{self.kind} of {self.nbytes} B {direction} rank {self.peer} (tag {self.tag})"
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do beyond the verbs, declared once; colls reads nothing else of it."""
+
+    device_buffers: bool = False          # isend/irecv take GPU (cupy) arrays as well as numpy ones
+    maps_registered_memory: bool = False  # peers read this rank's registered memory (`colls.alloc`)
+    registered_from_bytes: int = 0        # ... for messages of at least this size
+
+
 class Transport(ABC):
     """How bytes move between the `size` ranks of one group; each rank holds its own instance."""
 
     name: str = "abstract"
+    capabilities: Capabilities = Capabilities()
     rank: int
     size: int
     user_tag_limit: int = 1 << 31   # point-to-point tags are 0 .. user_tag_limit - 1
@@ -91,17 +102,37 @@ class Transport(ABC):
         self.wait_all([self.irecv(buf, peer, tag) if reducer is None
                        else self.irecv_reduce(buf, peer, tag, reducer)], deadline)
 
-    def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
-                 deadline: float, reducer: Reducer | None = None) -> None:
-        """Send `send_buf` to `dst` and receive into `recv_buf` from `src` (combined into it by
-        `reducer` when given), both posted before waiting: MPI_Sendrecv. The buffers are distinct.
+    def sendrecv(self, send_buf: np.ndarray | None, dst: int, recv_buf: np.ndarray | None, src: int,
+                 tag: int, deadline: float, reducer: Reducer | None = None) -> None:
+        """The one blocking step: send `send_buf` to `dst` and receive into `recv_buf` from `src`
+        (combined into it by `reducer` when given), both posted before waiting (MPI_Sendrecv).
 
-        The step of most schedules; a transport may do it faster than a send and a receive apart
-        (shm: a message below its rendezvous size goes without any request)."""
-        send = self.isend(send_buf, dst, tag)
-        receive = (self.irecv(recv_buf, src, tag) if reducer is None
-                   else self.irecv_reduce(recv_buf, src, tag, reducer))
-        self.wait_all([send, receive], deadline)
+        Either buffer may be None: a blocking send or receive alone. `recv_buf` may be `send_buf`
+        itself (MPI_Sendrecv_replace): the outgoing data is copied to a scratch buffer first, which
+        a transport may avoid (shm: a message of one slot is copied into the slot before the
+        receive). Otherwise the buffers must not overlap.
+
+        Args:
+            send_buf: what to send, or None.
+            dst: the rank to send to (ignored when `send_buf` is None).
+            recv_buf: where to receive, or None; may be `send_buf`.
+            src: the rank to receive from (ignored when `recv_buf` is None).
+            tag: the tag of both messages.
+            deadline: a `time.monotonic()` value.
+            reducer: combine the incoming data into `recv_buf` instead of overwriting it.
+
+        Raises:
+            CollectiveTimeout: at `deadline`; PeerLost where a dead peer can be told.
+        """
+        if recv_buf is not None and recv_buf is send_buf:
+            send_buf = send_buf.copy()
+        requests = []
+        if send_buf is not None:
+            requests.append(self.isend(send_buf, dst, tag))
+        if recv_buf is not None:
+            requests.append(self.irecv(recv_buf, src, tag) if reducer is None
+                            else self.irecv_reduce(recv_buf, src, tag, reducer))
+        self.wait_all(requests, deadline)
 
     # whether `sendrecv_post` and `sendrecv_finish` split a sendrecv in two, so that a schedule can
     # do its own work between them while the peer starts on the message (shm)
@@ -131,10 +162,7 @@ class Transport(ABC):
 
         A transport that copies a small send out of `buf` before it receives (shm's one-slot
         step) needs no scratch at all."""
-        if scratch is None:
-            scratch = np.empty_like(buf)
-        np.copyto(scratch, buf)
-        self.sendrecv(scratch, dst, buf, src, tag, deadline, reducer)
+        self.sendrecv(buf, dst, buf, src, tag, deadline, reducer)
         return scratch
 
     def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,

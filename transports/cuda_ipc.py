@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import Exchange, Reducer, Request, Transport, env_number
+from .base import Capabilities, Exchange, Reducer, Request, Transport, env_number
 from .errors import TransportError
 from .segment import Segment
 from .shm import ShmTransport, _Fifo, _fifo_bytes, chunk_mismatch, serve_stashed, shm_group, take_posted
@@ -120,6 +120,7 @@ class CudaIpcTransport(ShmTransport):
 
     name = "cuda_ipc"
     device_buffers = True
+    capabilities = Capabilities(device_buffers=True)
     SETUP_ROUNDS = ShmTransport.SETUP_ROUNDS + 3
 
     def __init__(self, rank: int, size: int, exchange: Exchange, job: str | None = None,
@@ -261,7 +262,7 @@ class CudaIpcTransport(ShmTransport):
 
     def sendrecv(self, send_buf, dst: int, recv_buf, src: int, tag: int, deadline: float,
                  reducer: Reducer | None = None) -> None:
-        if type(send_buf) is np.ndarray and type(recv_buf) is np.ndarray:
+        if all(buf is None or type(buf) is np.ndarray for buf in (send_buf, recv_buf)):
             return super().sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
         return Transport.sendrecv(self, send_buf, dst, recv_buf, src, tag, deadline, reducer)
 

@@ -14,6 +14,7 @@ stores are plain stores, so this transport is for x86-64 only until fences are a
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import platform
@@ -352,6 +353,8 @@ class ShmTransport(Transport):
             verdicts = exchange(b"mapped" + bytes([readable, mappable]) + cpus)
             self.cma = size > 1 and all(entry[6] == 1 for entry in verdicts)
             self.mappable = size > 1 and all(entry[7] == 1 for entry in verdicts)
+            self.capabilities = dataclasses.replace(self.capabilities, maps_registered_memory=self.mappable,
+                                                    registered_from_bytes=MAPPED_BYTES)
             self.cores = len({cpu for entry in verdicts for cpu in entry[8:].decode().split(",") if cpu})
             del probe_region   # every peer has probed it: the verdicts came after
         finally:
@@ -612,17 +615,26 @@ class ShmTransport(Transport):
 
     splits_exchanges = True
 
-    def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
-                 deadline: float, reducer: Reducer | None = None) -> None:
-        """A message below the rendezvous size, to or from an idle FIFO, goes without a request: the
-        send is written and published at once, the receive taken straight out of the slots as they
-        land (a 2-rank 1 MiB all_to_all, 512 KiB each way in two slots: 42.7-43.7 us through
-        requests, 39.9-40.4 us so). A message by cross-memory attach whose address is there is read
-        at once, or its sender asked at once to write it (`_read_now`). Anything else (queued behind
-        other messages, another tag first) takes the general path."""
+    def sendrecv(self, send_buf: np.ndarray | None, dst: int, recv_buf: np.ndarray | None, src: int,
+                 tag: int, deadline: float, reducer: Reducer | None = None) -> None:
+        """`Transport.sendrecv`. A message below the rendezvous size, to or from an idle FIFO, goes
+        without a request: the send is written and published at once, the receive taken straight
+        out of the slots as they land. A message by cross-memory attach whose address is there is
+        read at once. In place (`recv_buf is send_buf`), a message of one slot is copied into the
+        slot before the receive, so it needs no scratch copy. Anything else (queued behind other
+        messages, another tag first) takes the general path."""
+        if recv_buf is None:
+            if send_buf is not None:
+                self.wait_all([self.isend(send_buf, dst, tag)], deadline)
+            return
         check_buffer(recv_buf, "shm receive")   # (before any byte moves)
-        self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None, recv_buf),
-                     recv_buf, src, tag, deadline, reducer)
+        if send_buf is None:
+            self.recv_wait(recv_buf, src, tag, deadline, reducer)
+        elif recv_buf is send_buf:
+            self._sendrecv_in_place(recv_buf, dst, src, tag, deadline, reducer)
+        else:
+            self._finish(self.sendrecv_post(send_buf, dst, tag, reducer is not None, recv_buf),
+                         recv_buf, src, tag, deadline, reducer)
 
     def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool = False,
                       into: np.ndarray | None = None) -> Request | None:
@@ -690,20 +702,25 @@ class ShmTransport(Transport):
         receive = taken or self._post(_In(src, tag, recv_buf, reducer, helpable=False, exchange=True))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
-    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
-                         reducer: Reducer | None = None,
-                         scratch: np.ndarray | None = None) -> np.ndarray | None:
-        """A message that fits one slot is copied into it at once, which frees `buf` to receive
-        into: no scratch copy. Anything else goes through a scratch buffer (the base class)."""
-        check_buffer(buf, "shm sendrecv")
-        # (beyond one slot, the exchange thresholds choose the protocol: `sendrecv`, via scratch)
+    def _sendrecv_in_place(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
+                           reducer: Reducer | None) -> None:
+        """`sendrecv(buf, dst, buf, src, ...)`: a message that fits one slot is copied into it at
+        once, which frees `buf` to receive into; anything else goes through a scratch copy."""
         if buf.nbytes > self.chunk or self._registered(buf) is not None or not self._send_now(buf, dst, tag):
-            return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
+            self.sendrecv(buf.copy(), dst, buf, src, tag, deadline, reducer)
+            return
         taken = self._receive_now(buf, src, tag, reducer)
         if taken is not True:
             receive = taken or (self.irecv(buf, src, tag) if reducer is None
                                 else self.irecv_reduce(buf, src, tag, reducer))
             self.wait_all([receive], deadline)
+
+    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
+                         reducer: Reducer | None = None,
+                         scratch: np.ndarray | None = None) -> np.ndarray | None:
+        """Old spelling of `sendrecv(buf, dst, buf, src, ...)`, kept while callers move."""
+        check_buffer(buf, "shm sendrecv")
+        self._sendrecv_in_place(buf, dst, src, tag, deadline, reducer)
         return scratch
 
     def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
