@@ -71,11 +71,27 @@ class SimTransport(Transport):
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         return self._send(buf, peer, tag, None)
 
-    def sendrecv(self, send_buf: np.ndarray, dst: int, recv_buf: np.ndarray, src: int, tag: int,
-                 deadline: float, reducer: Reducer | None = None) -> None:
-        """A send and a receive posted together. On a network with `exchange_route` (a transport
-        that does the pair as one step, as shm's sendrecv through its slots), the send takes that route and
-        neither side pays a post: the route's α is the whole measured step."""
+    def sendrecv(self, send_buf: np.ndarray | None, dst: int, recv_buf: np.ndarray | None, src: int,
+                 tag: int, deadline: float, reducer: Reducer | None = None) -> None:
+        """A send and a receive posted together (either may be None: one alone). On a network with
+        `exchange_route` (a transport that does the pair as one step, as shm's sendrecv through its
+        slots), the send takes that route and neither side pays a post: the route's α is the whole
+        measured step. In place (`recv_buf is send_buf`): up to the network's
+        `in_place_exchange_bytes` (shm: one slot, copied out at once) the send's bytes leave the
+        buffer when posted (a real buffer's are copied then); above, from a fresh scratch copy."""
+        if send_buf is None or recv_buf is None:
+            requests = []
+            if send_buf is not None:
+                requests.append(self._send(send_buf, dst, tag, None))
+            if recv_buf is not None:
+                requests.append(self._post_recv(recv_buf, src, tag, reducer))
+            self.wait_all(requests, deadline)
+            return
+        if recv_buf is send_buf:
+            limit = getattr(self.world.network, "in_place_exchange_bytes", 0)
+            if send_buf.nbytes > limit or not (is_symbolic(send_buf) or send_buf.nbytes <= REAL_COPY_BYTES):
+                send_buf = np.empty_like(recv_buf)   # a scratch buffer: its first touch, then the copy
+                np.copyto(send_buf, recv_buf)
         world = self.world
         fused = None
         if world.fuses_exchanges:
@@ -94,17 +110,6 @@ class SimTransport(Transport):
             self.wait_all([send, receive], deadline)
         finally:
             self.me.in_sendrecv = False
-
-    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
-                         reducer: Reducer | None = None,
-                         scratch: np.ndarray | None = None) -> np.ndarray | None:
-        """Up to the network's `in_place_exchange_bytes` (shm: one slot, copied out at once), no
-        scratch copy: the send's bytes leave `buf` when posted (a real buffer's are copied then)."""
-        limit = getattr(self.world.network, "in_place_exchange_bytes", 0)
-        if buf.nbytes > limit or not (is_symbolic(buf) or buf.nbytes <= REAL_COPY_BYTES):
-            return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
-        self.sendrecv(buf, dst, buf, src, tag, deadline, reducer)
-        return scratch
 
     def _send(self, buf: np.ndarray, peer: int, tag: int, route: Route | None) -> Request:
         world, me = self.world, self.me
