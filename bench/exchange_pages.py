@@ -5,7 +5,7 @@ pages and from huge ones: what `colls tune` measures for the exchange thresholds
 Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/exchange_pages.py [--reduce] [--rounds 3]
 
 For each size, both buffers of each rank are all in small pages or all in huge pages
-(`colls.tune.paged_ones`); the way is forced on the live transport (both thresholds set, the
+(`colls.tune_probes.paged_ones`); the way is forced on the live transport (both thresholds set, the
 slow-slot switch held off), the kinds and ways interleaved over `--rounds` rounds. Prints the
 slower rank's median per cell, us.
 """
@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import colls
 from algorithms import SUM
-from colls.tune import paged_ones
+from colls.tune_probes import paged_ones
 
 SIZES = (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
 

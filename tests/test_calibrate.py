@@ -987,7 +987,7 @@ def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cros
     import threading
 
     from colls.communicator import Communicator
-    from colls.tune import rewrite_after_read_seconds
+    from colls.tune_probes import rewrite_after_read_seconds
     from transports.local import LocalWorld
 
     def both(rounds: int) -> list[float]:
@@ -1126,7 +1126,7 @@ def test_more_ranks_than_cores_predict_the_mean_over_placements():
 def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     # the real measurement on two shm ranks: every message size has an exchange time (the FIFO
     # sizes too, which the model prices a sendrecv at), and the one-slot wait's spin and wake
-    from colls.tune import PROFILE_MESSAGE_BYTES
+    from colls.tune_profile import PROFILE_MESSAGE_BYTES
 
     path = tmp_path / "r2.json"
     result = subprocess.run([sys.executable, "-m", "colls.cli", "run", "-n", "2", "--timeout", "100",
@@ -1170,7 +1170,7 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
 @pytest.mark.timeout(150)
 def test_colls_tune_measures_how_long_mpis_barrier_holds_a_shared_core():
     from colls.launcher import find_mpiexec
-    from colls.tune import mpi_barrier_hold_seconds
+    from colls.tune_probes import mpi_barrier_hold_seconds
 
     if find_mpiexec() is None:
         pytest.skip("no mpiexec (the mpi extra)")

@@ -13,7 +13,6 @@ import pytest
 
 import colls
 from algorithms import SUM
-from colls.tune import CROSSOVER_BYTES, tune_exchanges
 from transports import cma as attach
 from transports.base import COLLECTIVE_TAG_BASE
 from transports.shm import exchange_huge_bytes, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
@@ -757,69 +756,6 @@ def test_which_buffers_count_as_in_huge_pages(tmp_path, monkeypatch):
     assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 2 << 20   # an older tune: the default
     (tmp_path / "tune.json").write_text(json.dumps({"shm": {"exchange_cma": {"plain": 1 << 20}}}))
     assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 1 << 20   # never above the plain one
-
-
-def _tuned_in_the_slow_state(comm) -> list:
-    """`tune_exchanges` as if every exchange through the slots ran in the VM's slow state."""
-    import colls.tune
-
-    colls.tune.SLOW_EXCHANGE_BYTES_PER_S = 1e18
-    transport = comm.transport
-    before = (transport.exchange_rendezvous_bytes, transport.exchange_huge_bytes,
-              transport.reduce_exchange_rendezvous_bytes)
-    found = tune_exchanges(comm)
-    after = (transport.exchange_rendezvous_bytes, transport.exchange_huge_bytes,
-             transport.reduce_exchange_rendezvous_bytes)
-    return [found, before == after, transport.cma]
-
-
-@pytest.mark.timeout(120)
-def test_a_tune_in_the_slots_slow_state_keeps_the_thresholds_it_found():
-    """In the slow state the crossover is that state's (the slow-slot switch handles it at run
-    time): two tunes of 2026-12-05 there put every exchange through the slots up to 16-32 MiB, and
-    the benches after them, in the other state, ran their 4 MiB all_to_all at 0.56-0.62x MPI."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores the transport keeps the FIFO's threshold")
-    for found, kept, allowed in colls.spawn(_tuned_in_the_slow_state, 2, transport="shm", timeout=100):
-        if not allowed:
-            pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-        assert found == {} and kept
-
-
-def _tuned_exchanges(comm) -> list:
-    """`colls tune`'s crossover measurement on this group; what it found, what the transport now
-    uses, and whether exchanges of both kinds still deliver."""
-    found = tune_exchanges(comm)
-    transport, peer = comm.transport, 1 - comm.rank
-    right = True
-    for n in (CHUNK, 2 * CHUNK, 4 << 20):
-        mine = np.arange(n // 4, dtype=np.int32) + 1000 * comm.rank
-        got, total = np.zeros_like(mine), mine.copy()
-        transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
-        transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
-        right = right and np.array_equal(got, np.arange(mine.size) + 1000 * peer) and \
-            np.array_equal(total, 2 * np.arange(mine.size) + 1000)
-    return [found, transport.exchange_rendezvous_bytes, transport.reduce_exchange_rendezvous_bytes, right,
-            transport.exchange_huge_bytes]
-
-
-@pytest.mark.timeout(120)
-def test_tune_measures_the_exchange_crossover_and_puts_it_into_effect():
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores the transport keeps the FIFO's threshold")
-    results = colls.spawn(_tuned_exchanges, 2, transport="shm", timeout=100)
-    assert results[0] == results[1]          # both ranks took rank 0's measurement
-    found, plain, reducing, right, huge = results[0]
-    assert right
-    if found is None:
-        pytest.skip("cross-memory attach is not allowed here (ptrace scope)")
-    if found == {}:   # measured in the slots' slow state: the thresholds stay the defaults
-        assert (plain, reducing, huge) == (4 << 20, 16 << 20, 2 << 20)
-        return
-    measured = set(CROSSOVER_BYTES) | {2 * CROSSOVER_BYTES[-1]}
-    assert found["plain"] in measured and found["reducing"] in measured
-    assert found["plain_huge"] in measured and found["plain_huge"] <= found["plain"]
-    assert (plain, reducing, huge) == (found["plain"], found["reducing"], found["plain_huge"])
 
 
 def _replace(comm, nbytes: int) -> list:
