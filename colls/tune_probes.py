@@ -319,11 +319,17 @@ def wake_seconds(pair: Communicator, free: float, spin: float, rounds: int = 300
     return max(0.0, shared - free - spin)
 
 
-def mpi_barrier_hold_seconds(wake: float, timeout: float = 120.0) -> float | None:
-    """How long a rank waiting in MPI's barrier polls before it yields its core: two ranks'
-    barriers pinned to one core (`colls.bench.barrier`, under this environment's mpiexec) less the
-    free barrier (a core each) and the wake-up `wake` of the rank that takes the core over; None
-    without mpiexec or mpi4py, or if the run fails."""
+def mpi_barrier_times(timeout: float = 120.0) -> dict[str, float | None] | None:
+    """Seconds per MPI barrier of two ranks (`colls.bench.barrier`, under this environment's
+    mpiexec), pinned to one core (`one_core_s`: each barrier hands the core over) and on a core each
+    (`two_cores_s`, None with one core allowed).
+
+    Args:
+        timeout: seconds the mpiexec run may take.
+
+    Returns:
+        {"one_core_s": ..., "two_cores_s": ...}, or None without mpiexec or mpi4py, or if the run fails.
+    """
     from .launcher import _FOREIGN_LAUNCHER_PREFIXES, find_mpiexec
 
     mpiexec = find_mpiexec()
@@ -335,12 +341,25 @@ def mpi_barrier_hold_seconds(wake: float, timeout: float = 120.0) -> float | Non
     try:
         done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "colls.bench.barrier"], env=env,
                               capture_output=True, text=True, timeout=timeout, check=True)
-        measured = json.loads(done.stdout.strip().splitlines()[-1])
+        return json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    if measured.get("two_cores_s") is None:   # one core only: nothing to hand over to
+
+
+def barrier_hold_seconds(measured: dict[str, float | None], wake: float) -> float | None:
+    """How long a rank waiting in MPI's barrier polls before it yields its core: the barrier on one
+    core (`mpi_barrier_times`) less the free barrier (a core each) and the wake-up `wake` of the
+    rank that takes the core over, never below 0; None with one core (nothing to hand over to).
+    On a busy machine the hand-over includes other processes' time slices, and so does this."""
+    if measured.get("two_cores_s") is None:
         return None
     return max(0.0, measured["one_core_s"] - measured["two_cores_s"] - wake)
+
+
+def mpi_barrier_hold_seconds(wake: float, timeout: float = 120.0) -> float | None:
+    """`barrier_hold_seconds` of a fresh `mpi_barrier_times` run; None where that is None."""
+    measured = mpi_barrier_times(timeout)
+    return None if measured is None else barrier_hold_seconds(measured, wake)
 
 
 def work_seconds_per_byte(comm: Communicator, kind: str, nbytes: int, workers: int | None = None) -> float:
