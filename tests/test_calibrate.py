@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 
 from colls.plan.calibrate import (
-    Profile,
-    SharedMemory,
     batches_apart,
     compare,
     in_mode,
     load_profiles,
     measured_medians,
     placements_seen,
-    predict,
     reproducibility,
     seen_placement,
 )
+from colls.plan.profile import Profile
+from colls.plan.shared_memory import SharedMemory, predict
 from colls.plan.simulate import run_world
 from transports.sim import IdealNetwork, TimeSharing
 
@@ -389,7 +388,7 @@ def test_pinned_runs_are_points_of_their_own_and_the_bench_is_judged_against_its
 
 
 def test_a_pinned_point_is_predicted_at_its_placement():
-    from colls.plan.calibrate import placements
+    from colls.plan.shared_memory import placements
     from colls.plan.simulate import run_algorithm
 
     machine = profile(4, 2, spin=2e-5, wake=2e-5)
@@ -1010,7 +1009,7 @@ def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cros
 
 
 def test_a_planned_small_call_prices_its_exchanges_as_the_persistent_ones_measured():
-    from colls.plan.calibrate import persistent_steps
+    from colls.plan.shared_memory import persistent_steps
 
     # which bench calls a communicator plans with persistent exchanges (`colls.describe.Plan`)
     assert persistent_steps("all_reduce", "recursive_doubling", 2, KIB)
@@ -1064,7 +1063,7 @@ def test_profiles_read_the_written_and_reducing_measurements(tmp_path):
 def test_placed_ranks_take_only_their_own_core():
     from types import SimpleNamespace
 
-    from colls.plan.calibrate import placements
+    from colls.plan.shared_memory import placements
     from transports.sim import _Cores
 
     # ranks 0 and 1 on core 0, rank 2 on core 1: rank 1 waits for core 0 even while core 1 is idle
@@ -1101,7 +1100,7 @@ def test_more_ranks_than_cores_predict_the_mean_over_placements():
     import statistics
     from dataclasses import replace
 
-    from colls.plan.calibrate import placements
+    from colls.plan.shared_memory import placements
     from colls.plan.simulate import run_algorithm
 
     machine = profile(4, 2, spin=2e-5, wake=2e-5)
