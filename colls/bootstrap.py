@@ -8,6 +8,7 @@ import sys
 
 from transports.errors import CollsError, InvalidArgument
 
+from . import config
 from .communicator import Communicator
 from .describe import seconds
 
@@ -32,17 +33,17 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     if timeout is not None and seconds(timeout) is None:
         raise InvalidArgument(f"colls.init: timeout must be a finite number of seconds > 0, "
                               f"got {timeout!r}")
-    kind = (transport or os.environ.get("COLLS_TRANSPORT") or "").lower() or None
+    kind = (transport or "").lower() or config.get("COLLS_TRANSPORT")
     if kind is not None and kind not in TRANSPORTS:
-        raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS} (COLLS_TRANSPORT)")
+        raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS}")
     if _world is not None and not _world.closed:
         if transport is not None and transport.lower() != _world.transport.name:
             raise InvalidArgument(f"colls.init(transport={transport!r}): this process already has a "
                                   f"world communicator over {_world.transport.name}")
         return _world
-    env = os.environ
-    if "COLLS_RANK" in env and not under_mpiexec():
-        _world = _from_launcher(kind or "shm", int(env["COLLS_RANK"]), int(env["COLLS_WORLD_SIZE"]), timeout)
+    if config.is_set("COLLS_RANK") and not under_mpiexec():
+        _world = _from_launcher(kind or "shm", config.get("COLLS_RANK"), config.get("COLLS_WORLD_SIZE"),
+                                timeout)
     elif under_mpiexec():
         _world = _from_mpiexec(kind or "mpi", timeout)
     else:
@@ -74,15 +75,28 @@ def _abort_on_uncaught(world: Communicator) -> None:
     sys.excepthook = hook
 
 
-def _process_transport(kind: str):
-    """The class of a transport between processes of one machine: shm, or cuda_ipc (GPU buffers)."""
+def transport_options(kind: str) -> dict:
+    """The constructor options of a transport between processes of one machine, from the
+    configuration (COLLS_SHM_*, COLLS_CUDA_DEVICE, the launcher's COLLS_JOB)."""
+    from transports.shm import ShmOptions
+
+    options: dict = {"options": ShmOptions(slots=config.get("COLLS_SHM_SLOTS"),
+                                           chunk_bytes=config.get("COLLS_SHM_CHUNK_BYTES"),
+                                           mapped_bytes=config.get("COLLS_SHM_MAPPED_BYTES"),
+                                           job=config.get("COLLS_JOB"))}
     if kind == "cuda_ipc":
-        from transports.cuda_ipc import CudaIpcTransport
+        options["device"] = config.get("COLLS_CUDA_DEVICE")
+    return options
 
-        return CudaIpcTransport
-    from transports.shm import ShmTransport
 
-    return ShmTransport
+def _process_transport(kind: str):
+    """A maker of the transport between processes of one machine: shm, or cuda_ipc (GPU buffers)."""
+    if kind == "cuda_ipc":
+        from transports.cuda_ipc import CudaIpcTransport as kind_class
+    else:
+        from transports.shm import ShmTransport as kind_class
+    options = transport_options(kind)
+    return lambda rank, size, exchange: kind_class(rank, size, exchange, **options)
 
 
 def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Communicator:
@@ -91,7 +105,7 @@ def _from_launcher(kind: str, rank: int, size: int, timeout: float | None) -> Co
 
         # the rendezvous waits as long as `timeout=` says, else 60 s (peers that never come are an
         # error soon, not after the five minutes a call may wait)
-        rendezvous = FileBootstrap(os.environ["COLLS_RENDEZVOUS"], rank, size,
+        rendezvous = FileBootstrap(str(config.get("COLLS_RENDEZVOUS")), rank, size,
                                    timeout=60.0 if timeout is None else timeout)
         return Communicator(_process_transport(kind)(rank, size, rendezvous.all_gather), timeout)
     if kind == "mpi":

@@ -22,6 +22,8 @@ from typing import IO
 
 from transports.segment import SHM_DIR, mpich_segments, remove_job_segments, remove_orphaned_mpich_segments
 
+from . import config
+
 DEFAULT_TRANSPORT = "shm"
 GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.02
@@ -214,8 +216,9 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     if timeout is not None and not timeout > 0:   # (NaN too)
         raise ValueError(f"timeout must be positive, not {timeout}")
     base = _child_environment(env)
-    # An explicit choice wins; otherwise keep what the user exported, else the default.
-    transport = transport or base.get("COLLS_TRANSPORT") or DEFAULT_TRANSPORT
+    # An explicit choice wins; otherwise what `env` or the user's environment says, else the default.
+    transport = (transport or (env or {}).get("COLLS_TRANSPORT") or config.get("COLLS_TRANSPORT")
+                 or DEFAULT_TRANSPORT)
     if transport == "mpi":
         return _launch_with_mpiexec(argv_of_program, nprocs, base, timeout, hosts)
     job = secrets.token_hex(6)

@@ -8,19 +8,17 @@ every rank did before a hang or a mismatch can be read side by side.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import deque
 
-from transports.base import env_number
-
+from . import config
 from .describe import Description
 
 
 def debug_enabled() -> bool:
     """Whether COLLS_DEBUG asks for checks and logging."""
-    return os.environ.get("COLLS_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    return config.get("COLLS_DEBUG")
 
 
 class Tracer:
@@ -30,8 +28,8 @@ class Tracer:
         self.group = group
         self.rank = rank
         self.debug = debug_enabled()
-        self.path = os.environ.get("COLLS_TRACE") or None
-        self.recent: deque[str] = deque(maxlen=env_number("COLLS_TRACE_DEPTH", 100))
+        self.path = config.get("COLLS_TRACE")
+        self.recent: deque[str] = deque(maxlen=config.get("COLLS_TRACE_DEPTH"))
         self.active = self.debug or self.path is not None
 
     def finished(self, description: Description, nbytes: int, seconds: float) -> None:

@@ -35,6 +35,17 @@ def colls_run(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Com
                           capture_output=True, text=True, timeout=60)
 
 
+def wait_until(condition, seconds: float) -> bool:
+    """Poll `condition()` until it holds (True) or `seconds` pass (False): for a state another
+    process reaches in its own time, which a busy machine may delay."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def write_script(tmp_path: Path, name: str, body: str) -> str:
     """Write a helper program into tmp_path and return its path."""
     path = tmp_path / name
@@ -304,10 +315,12 @@ def test_a_terminating_signal_to_the_launcher_stops_every_rank(tmp_path: Path, t
     _, stderr = launcher.communicate(timeout=30)
     assert launcher.returncode == 128 + signum
     assert f"received {signal.Signals(signum).name}" in stderr
-    time.sleep(0.5)
-    for pid_file in tmp_path.glob("pid.*"):
-        # (a rank whose parent, MPI's proxy, was killed may stay a zombie where nobody reaps it)
-        assert not process_alive(int(pid_file.read_text()))
+    # Under mpiexec the ranks are stopped by MPI's proxies, which may still be at it when mpiexec
+    # has ended (on a busy machine, seconds later): wait for that, as a user's next command would.
+    # (A rank whose parent, the proxy, was killed may stay a zombie where nobody reaps it.)
+    pids = [int(pid_file.read_text()) for pid_file in tmp_path.glob("pid.*")]
+    assert wait_until(lambda: not any(process_alive(pid) for pid in pids), 30), \
+        f"ranks {[pid for pid in pids if process_alive(pid)]} still running 30 s after the launcher ended"
 
 
 @pytest.mark.timeout(90)
@@ -400,11 +413,17 @@ def test_the_rendezvous_waits_as_long_as_init_is_told(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_a_signal_ignored_by_whoever_started_the_launcher_stays_ignored(tmp_path: Path) -> None:
     """`nohup colls run …`: a SIGHUP the launcher was started ignoring stops nothing."""
-    script = write_script(tmp_path, "nap.py", "import time\ntime.sleep(2)\nprint('slept')\n")
+    script = write_script(tmp_path, "nap.py", f"""
+        import os, time
+        open(os.path.join({str(tmp_path)!r}, "up." + os.environ["COLLS_RANK"]), "w").close()
+        time.sleep(2)
+        print('slept')
+    """)
     launcher = subprocess.Popen([sys.executable, "-m", "colls.cli", "run", "-n", "2", script],
                                 env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    time.sleep(1.0)
+    # while the ranks run (a fixed sleep could let a busy machine's job end first, or not begin)
+    assert wait_until(lambda: len(list(tmp_path.glob("up.*"))) == 2, 30), "ranks never started"
     launcher.send_signal(signal.SIGHUP)
     stdout, stderr = launcher.communicate(timeout=30)
     assert launcher.returncode == 0, stderr
