@@ -22,6 +22,8 @@ from algorithms import DEFAULTS, lookup, names
 from algorithms.cost import Machine, predict
 from transports.base import read_tune_file, tune_file
 
+from . import config
+
 # Measured on the reference 2-core machine by `colls tune` (2026-12-02); a tune file replaces them.
 DEFAULT_MACHINES = {
     "local": Machine(alpha=8e-6, beta=1 / 8e9, gamma=1 / 11e9),
@@ -105,7 +107,7 @@ def ruled(rules: Rules, nbytes: int) -> str:
 def pins() -> dict[str, str]:
     """The algorithms COLLS_ALGO forces, by collective ("all_reduce:ring;broadcast:binomial")."""
     table = {}
-    for item in os.environ.get("COLLS_ALGO", "").split(";"):
+    for item in config.get("COLLS_ALGO").split(";"):
         key, _, value = item.partition(":")
         if key.strip() and value.strip():
             table.setdefault(key.strip(), value.strip())

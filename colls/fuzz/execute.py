@@ -8,7 +8,6 @@ Every call's timeout is what is left of the program's deadline, so a hang become
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 import colls
 from transports.errors import CollectiveTimeout, CommunicatorAborted, PeerLost
 
+from .. import config
 from ..communicator import Communicator
 from .oracle import OPS, call_problem, digest, expected, inputs, same_everywhere, send_counts, sentinel_like
 from .program import INVALID, Program, Step, split_colors, split_groups
@@ -28,7 +28,7 @@ REGISTERED_VARIABLE = "COLLS_FUZZ_REGISTERED"   # `colls fuzz --registered`: "1"
 def own(array: np.ndarray, fresh: bool = False) -> np.ndarray:
     """A copy of `array` for a call to use (`fresh`: `array` itself, made for the call), in
     registered memory under `colls fuzz --registered`."""
-    if os.environ.get(REGISTERED_VARIABLE) != "1":
+    if not config.get(REGISTERED_VARIABLE):
         return array if fresh else array.copy()
     copy = colls.alloc(array.shape, array.dtype)
     copy[...] = array
