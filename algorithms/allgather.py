@@ -10,47 +10,46 @@ from functools import lru_cache
 
 import numpy as np
 
-from transports.base import Channel
-
-from .blocks import BlockSchedule, bounds, run_block_schedule
+from .blocks import Schedule, Step, bounds, run_schedule
+from .channel import Channel
 from .registry import register
 
 
-def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int]) -> None:
-    """In place: rank r starts holding block r of `buf`; after n-1 steps everyone holds all blocks.
-    (The ring all_gather runs the same steps from its `ring_schedule`, sending its first block from
-    `send`.)"""
-    rank, size = channel.rank, channel.size
-    right, left = (rank + 1) % size, (rank - 1) % size
-    for step in range(size - 1):
-        send_block = (rank - step) % size
-        recv_block = (rank - step - 1) % size
-        # pass on the block received last step (my own first); take the next one from the left
-        channel.exchange(buf[starts[send_block]:starts[send_block + 1]], right,
-                         buf[starts[recv_block]:starts[recv_block + 1]], left)
-
-
-def ring_schedule(rank: int, size: int, count: int) -> BlockSchedule:
-    """`ring_all_gather_phase`'s steps after my block's copy, for blocks of `count` elements: my own
-    block goes out first from `send`, then each block received last step from `out`. (No lru_cache
-    as the others have: `bounds` may plant a fault, see `algorithms.faults`; a planned call runs the
-    algorithm instead of its plan's schedule while a fault is planted.)"""
-    starts = bounds(size * count, size)
+@lru_cache(maxsize=1024)
+def ring_steps(rank: int, size: int, starts: tuple[int, ...]) -> tuple[Step, ...]:
+    """The ring's n-1 steps in place on blocks `starts` of `out`, rank r starting with block r."""
     right, left = (rank + 1) % size, (rank - 1) % size
 
     def block(index: int) -> slice:
         return slice(starts[index % size], starts[index % size + 1])
 
-    return BlockSchedule(slice(None), block(rank), tuple(
-        (right, step > 0, block(rank - step) if step else slice(None), left, block(rank - step - 1))
-        for step in range(size - 1)))
+    # step s: pass on the block received last step (my own first); take the next one from the left
+    return tuple(Step(right, True, block(rank - step), left, block(rank - step - 1))
+                 for step in range(size - 1))
+
+
+def ring_all_gather_phase(channel: Channel, buf: np.ndarray, starts: list[int]) -> None:
+    """In place: rank r starts holding block r of `buf`; after n-1 steps everyone holds all blocks."""
+    steps = ring_steps(channel.rank, channel.size, tuple(starts))
+    run_schedule(channel, buf, buf, Schedule(None, None, steps))
+
+
+@lru_cache(maxsize=1024)
+def ring_schedule(rank: int, size: int, count: int, op: object = None) -> Schedule:
+    """The ring all_gather for blocks of `count` elements: my block's copy into `out`, then
+    `ring_steps`, except that my own block goes out first from `send` (see `recursive_doubling`)."""
+    starts = tuple(bounds(size * count, size))
+    steps = ring_steps(rank, size, starts)
+    if steps:
+        steps = (steps[0]._replace(from_out=False, outgoing=None), *steps[1:])
+    return Schedule(slice(None), slice(starts[rank], starts[rank + 1]), steps)
 
 
 @register("all_gather", "ring", "n-1 steps around the ring, each forwarding the block it last received",
           schedule=ring_schedule)
 def ring(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     """Ring all-gather of equal blocks `send` into `out` (length size * len(send))."""
-    run_block_schedule(channel, send, out, ring_schedule(channel.rank, channel.size, send.shape[0]))
+    run_schedule(channel, send, out, ring_schedule(channel.rank, channel.size, send.shape[0]))
 
 
 def _doubling_steps(rank: int, size: int) -> list[tuple[int, int, int, int, int]]:
@@ -80,8 +79,8 @@ def _doubling_steps(rank: int, size: int) -> list[tuple[int, int, int, int, int]
     return steps
 
 
-@lru_cache(maxsize=256)
-def doubling_schedule(rank: int, size: int, count: int) -> BlockSchedule | None:
+@lru_cache(maxsize=1024)
+def doubling_schedule(rank: int, size: int, count: int, op: object = None) -> Schedule | None:
     """`recursive_doubling` as a schedule where it is only exchanges: n a power of two."""
     if size & (size - 1):
         return None
@@ -90,9 +89,9 @@ def doubling_schedule(rank: int, size: int, count: int) -> BlockSchedule | None:
         return slice(first * count, last * count)
 
     own = (rank, rank + 1)   # sent from `send`, as the algorithm does (its docstring says why)
-    return BlockSchedule(slice(None), blocks(*own), tuple(
-        (partner, (first, last) != own, slice(None) if (first, last) == own else blocks(first, last),
-         partner, blocks(theirs, their_last))
+    return Schedule(slice(None), blocks(*own), tuple(
+        Step(partner, (first, last) != own, None if (first, last) == own else blocks(first, last),
+             partner, blocks(theirs, their_last))
         for partner, first, last, theirs, their_last in _doubling_steps(rank, size)))
 
 
@@ -115,7 +114,7 @@ def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> N
     block = send.shape[0]
     schedule = doubling_schedule(rank, size, block)
     if schedule is not None:
-        run_block_schedule(channel, send, out, schedule)
+        run_schedule(channel, send, out, schedule)
         return
     np.copyto(out[rank * block:(rank + 1) * block], send)
     extra = size - (1 << (size.bit_length() - 1))
@@ -130,7 +129,7 @@ def recursive_doubling(channel: Channel, send: np.ndarray, out: np.ndarray) -> N
         return
     if rank < 2 * extra:
         # fold: take my even neighbour's block, which sits just below mine
-        channel.receive(blocks(rank - 1, rank), rank - 1)
+        channel.exchange(None, None, blocks(rank - 1, rank), rank - 1)
     for partner, first, last, theirs, their_last in _doubling_steps(rank, size):
         channel.exchange(send if (first, last) == (rank, rank + 1) else blocks(first, last), partner,
                          blocks(theirs, their_last), partner)

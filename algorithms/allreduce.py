@@ -7,14 +7,24 @@ expression (recursive doubling: both partners compute `lower ∘ higher`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
-from transports.base import Channel, Request
+from transports.base import Request
 
 from .allgather import ring_all_gather_phase
-from .blocks import bounds, doubling_partners, pieces, segment_bytes, unfold_rank
+from .blocks import (
+    Schedule,
+    Step,
+    bounds,
+    doubling_partners,
+    pieces,
+    run_schedule,
+    segment_bytes,
+    unfold_rank,
+)
+from .channel import Channel
 from .ops import Op
 from .reduce import direct as direct_reduce
 from .reduce_scatter import ring_reduce_scatter_phase
@@ -67,7 +77,7 @@ def parameter_server(channel: Channel, buf: np.ndarray, op: Op) -> None:
         # the server answers every worker with the global result
         channel.wait(*[channel.send(buf, worker) for worker in range(channel.size) if worker != server_rank])
     else:
-        channel.receive(buf, server_rank)
+        channel.exchange(None, None, buf, server_rank)
 
 
 @register("all_reduce", "ps_sharded",
@@ -85,7 +95,7 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
     # as server of my block: fold in the lower ranks' copies on the left, the higher ranks' on the right
     scratch = np.empty_like(block(rank))
     for peer in list(range(rank - 1, -1, -1)) + list(range(rank + 1, size)):
-        channel.receive(scratch, peer)
+        channel.exchange(None, None, scratch, peer)
         (op.into_right if peer < rank else op.into_left)(block(rank), scratch)
     channel.wait(*sends)
     # every server sends its reduced block to everyone
@@ -94,36 +104,39 @@ def parameter_server_sharded(channel: Channel, buf: np.ndarray, op: Op) -> None:
     channel.wait(*requests)
 
 
-def doubling_exchanges(rank: int, size: int, op: Op) -> tuple[tuple[int, Callable], ...] | None:
-    """`rank`'s part of recursive doubling as in-place exchanges, (partner, fold) per step, where it
-    is only that: every rank of a power-of-two group, and the ranks above the pairs that fold into
-    one another otherwise (rank 2 of 3); None for a rank of a pair, or of a group of one. A planned
-    call (see `colls.describe.Plan`) works this out once and then runs the exchanges itself: MPI's
-    persistent collectives, which fix the schedule at MPI_Allreduce_init."""
+@lru_cache(maxsize=1024)
+def doubling_steps(rank: int, size: int, op: Op) -> tuple[Step, ...]:
+    """Recursive doubling's whole-buffer exchanges in place, once the fold is done: with the
+    partner at each step, both computing lower ∘ higher (so every rank holds the same bytes)."""
+    _, _, partners = doubling_partners(rank, size)
+    return tuple(Step(partner, True, None, partner, None, op.into_right if partner < rank else op.into_left)
+                 for partner in partners)
+
+
+def doubling_schedule(rank: int, size: int, count: int, op: Op | None = None) -> Schedule | None:
+    """`recursive_doubling` as a schedule where it is only its exchanges: every rank of a
+    power-of-two group, and the ranks above the pairs that fold into one another otherwise (rank 2
+    of 3); None for a rank of a pair, or of a group of one."""
     new_rank, pairs, partners = doubling_partners(rank, size)
-    if pairs or new_rank < 0 or not partners:
+    if pairs or new_rank < 0 or not partners or op is None:
         return None
-    # both partners compute lower ∘ higher
-    return tuple((partner, op.into_right if partner < rank else op.into_left) for partner in partners)
+    return Schedule(None, None, doubling_steps(rank, size, op))
 
 
 @register("all_reduce", "recursive_doubling",
           "log2 n rounds of whole-buffer exchanges with rank XOR 2^k: latency-optimal for small buffers",
-          exchanges=doubling_exchanges)
+          schedule=doubling_schedule)
 def recursive_doubling(channel: Channel, buf: np.ndarray, op: Op) -> None:
     """Recursive doubling (Thakur, Rabenseifner & Gropp 2005), with MPICH's fold for any n."""
     rank = channel.rank
     if channel.size == 1:
         return
-    new_rank, pairs, partners = doubling_partners(rank, channel.size)
+    new_rank, pairs, _ = doubling_partners(rank, channel.size)
     if pairs and not _fold_in(channel, buf, op, new_rank, pairs):
         _fold_out(channel, buf, new_rank, pairs)   # I handed my buffer on: wait for the result
         return
-    scratch = None   # the outgoing copy, where the transport needs one (made once, reused)
-    for partner in partners:
-        # swap whole partial results with the partner; both compute lower ∘ higher
-        fold = op.into_right if partner < rank else op.into_left
-        scratch = channel.exchange_replace(buf, partner, partner, fold, scratch)
+    # swap whole partial results with each partner in turn, in place
+    run_schedule(channel, buf, buf, Schedule(None, None, doubling_steps(rank, channel.size, op)))
     if pairs:
         _fold_out(channel, buf, new_rank, pairs)
 
@@ -227,7 +240,7 @@ def _fold_in(channel: Channel, buf: np.ndarray, op: Op, new_rank: int, pairs: bo
         channel.wait(channel.send(buf, rank + 1))          # even rank: hand my buffer to rank + 1
         return False
     if pairs:
-        channel.receive(buf, rank - 1, op.into_right)   # odd rank: fold in rank - 1
+        channel.exchange(None, None, buf, rank - 1, op.into_right)   # odd rank: fold in rank - 1
     return True
 
 
@@ -235,6 +248,6 @@ def _fold_out(channel: Channel, buf: np.ndarray, new_rank: int, pairs: bool) -> 
     """Give the ranks that sat out the finished result."""
     rank = channel.rank
     if new_rank < 0:
-        channel.receive(buf, rank + 1)
+        channel.exchange(None, None, buf, rank + 1)
     elif pairs:
         channel.wait(channel.send(buf, rank - 1))

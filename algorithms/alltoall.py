@@ -6,10 +6,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from transports.base import Channel
-
 from .allreduce import recursive_doubling
-from .blocks import BlockSchedule, run_block_schedule
+from .blocks import Schedule, Step, run_schedule
+from .channel import Channel
 from .ops import MAX
 from .registry import register
 
@@ -56,8 +55,8 @@ def direct_v(channel: Channel, send: np.ndarray, send_counts: list[int], send_st
     channel.wait(*receives, *sends)
 
 
-@lru_cache(maxsize=256)
-def pairwise_schedule(rank: int, size: int, count: int) -> BlockSchedule:
+@lru_cache(maxsize=1024)
+def pairwise_schedule(rank: int, size: int, count: int, op: object = None) -> Schedule:
     """`pairwise_v`'s schedule for equal blocks of a `count`-element send buffer."""
     block = count // size
 
@@ -65,7 +64,7 @@ def pairwise_schedule(rank: int, size: int, count: int) -> BlockSchedule:
         return slice(peer * block, (peer + 1) * block)
 
     pairs = [((rank + step) % size, (rank - step) % size) for step in range(1, size)]
-    return BlockSchedule(of(rank), of(rank), tuple((dst, False, of(dst), src, of(src)) for dst, src in pairs))
+    return Schedule(of(rank), of(rank), tuple(Step(dst, False, of(dst), src, of(src)) for dst, src in pairs))
 
 
 @register("all_to_all", "pairwise",
@@ -73,7 +72,7 @@ def pairwise_schedule(rank: int, size: int, count: int) -> BlockSchedule:
           schedule=pairwise_schedule)
 def pairwise(channel: Channel, send: np.ndarray, out: np.ndarray) -> None:
     """Pairwise exchange of equal blocks (`pairwise_v` with every count equal)."""
-    run_block_schedule(channel, send, out, pairwise_schedule(channel.rank, channel.size, send.shape[0]))
+    run_schedule(channel, send, out, pairwise_schedule(channel.rank, channel.size, send.shape[0]))
 
 
 @register("all_to_all", "direct", "post every send and receive at once, then wait for them all")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
-
+from .channel import Channel
 from .registry import register
 
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from . import faults
+from transports.base import Reducer
 
 
 def bounds(count: int, parts: int) -> list[int]:
     """Start offsets of `parts` near-equal blocks of `count` elements, plus the end: len parts + 1."""
-    starts = [count * i // parts for i in range(parts + 1)]
-    if faults.ACTIVE and "block_boundary" in faults.ACTIVE and count > parts:
-        starts[-1] -= 1   # planted fault: the last block loses its last element
-    return starts
+    return [count * i // parts for i in range(parts + 1)]
 
 
 def offsets(counts: list[int]) -> list[int]:
@@ -82,44 +79,33 @@ def unfold_rank(new_rank: int, size: int) -> int:
     return 2 * new_rank + 1 if new_rank < remainder else new_rank + remainder
 
 
-class BlockSchedule(NamedTuple):
-    """An all_gather's or all_to_all's schedule for one rank, as slices of its flat `send` and `out`:
-    the own block's copy, then one sendrecv per step. Worked out once per call signature when the
-    call is planned (`colls.describe.Plan`), so that a later call only slices and moves."""
+class Step(NamedTuple):
+    """One sendrecv of a schedule, as slices of the call's flat `send` and `out` buffers."""
 
-    copy_from: slice   # of send
-    copy_to: slice     # of out
-    # (destination, whether the outgoing slice is of out (else of send), outgoing, source, incoming)
-    steps: tuple[tuple[int, bool, slice, int, slice], ...]
-
-
-def run_persistent_block_schedule(send, out, schedule: BlockSchedule, exchanges: tuple) -> None:
-    """`run_block_schedule` with each step's exchange made persistent once (`exchanges`, one per
-    step, `Channel.persistent_exchange(...)(outgoing, into)`): a small planned call's exchanges
-    take no checks and no views (2 ranks, 8 B all_gather: see `colls.describe.Plan`)."""
-    out[schedule.copy_to] = send[schedule.copy_from]
-    for (_, from_out, outgoing, _, incoming), exchange in zip(schedule.steps, exchanges, strict=True):
-        exchange((out if from_out else send)[outgoing], out[incoming])
+    dst: int
+    from_out: bool               # whether the outgoing slice is of `out` (else of `send`)
+    outgoing: slice | None       # None: the whole buffer itself (so a step in place passes one object)
+    src: int
+    incoming: slice | None       # of `out`; None: the whole of it
+    reducer: Reducer | None = None   # folds what arrives into `out`'s slice, else it lands there
 
 
-def run_block_schedule(channel, send, out, schedule: BlockSchedule) -> None:
-    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`.
+class Schedule(NamedTuple):
+    """A schedule that is nothing but a copy of my own block and sendrecvs, worked out ahead for
+    one (rank, size, count, op): what an algorithm declares through its catalogue entry's
+    `schedule`, so that a call can be compiled once per signature and then only slices and moves
+    (MPI-4's persistent collectives fix their schedule at MPI_Allreduce_init the same way)."""
 
-    Where the transport splits an exchange and the first step sends from `send`, that send is
-    posted before the copy, so the peer starts on it meanwhile. 2 ranks, shm, all_to_all, the
-    slower rank's median of 200 (us): 1 MiB 57.0-58.0 against 59.0-60.5, 4 MiB 200.8-222.9 against
-    228.9-261.8 (`/tmp/s6/a2d.py`, 2026-12-05)."""
-    steps = iter(schedule.steps)
-    first = next(steps, None) if channel.transport.splits_exchanges else None
-    if first is not None and not first[1]:
-        dst, _, outgoing, src, incoming = first
-        sent = channel.exchange_post(send[outgoing], dst, out[incoming])
+    copy_from: slice | None      # of `send`; None: no copy (the schedule works in place)
+    copy_to: slice | None        # of `out`
+    steps: tuple[Step, ...]
+
+
+def run_schedule(channel, send, out, schedule: Schedule) -> None:
+    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`."""
+    if schedule.copy_from is not None:
         out[schedule.copy_to] = send[schedule.copy_from]
-        channel.exchange_finish(sent, send[outgoing], dst, out[incoming], src)
-    else:
-        out[schedule.copy_to] = send[schedule.copy_from]
-        if first is not None:
-            dst, from_out, outgoing, src, incoming = first
-            channel.exchange((out if from_out else send)[outgoing], dst, out[incoming], src)
-    for dst, from_out, outgoing, src, incoming in steps:
-        channel.exchange((out if from_out else send)[outgoing], dst, out[incoming], src)
+    for dst, from_out, outgoing, src, incoming, reducer in schedule.steps:
+        held = out if from_out else send
+        channel.exchange(held if outgoing is None else held[outgoing], dst,
+                         out if incoming is None else out[incoming], src, reducer)

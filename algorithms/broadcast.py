@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
-
 from .allgather import ring_all_gather_phase
 from .blocks import bounds, pieces
+from .channel import Channel
 from .registry import register
 
 
@@ -20,7 +19,7 @@ def binomial(channel: Channel, buf: np.ndarray, root: int) -> None:
     # receive once, from the rank that differs from me in my lowest set bit
     while mask < size:
         if relative & mask:
-            channel.receive(buf, (rank - mask) % size)
+            channel.exchange(None, None, buf, (rank - mask) % size)
             break
         mask <<= 1
     # then send to the ranks below that bit, farthest first so the tree fills fastest
@@ -62,7 +61,7 @@ def scatter_allgather(channel: Channel, buf: np.ndarray, root: int) -> None:
         channel.wait(*[channel.send(buf[starts[peer]:starts[peer + 1]], peer)
                        for peer in range(size) if peer != root])
     else:
-        channel.receive(buf[starts[rank]:starts[rank + 1]], root)
+        channel.exchange(None, None, buf[starts[rank]:starts[rank + 1]], root)
     ring_all_gather_phase(channel, buf, starts)   # then pass the blocks around the ring
 
 
@@ -72,4 +71,4 @@ def direct(channel: Channel, buf: np.ndarray, root: int) -> None:
     if channel.rank == root:
         channel.wait(*[channel.send(buf, peer) for peer in range(channel.size) if peer != root])
     else:
-        channel.receive(buf, root)
+        channel.exchange(None, None, buf, root)

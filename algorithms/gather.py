@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
-
+from .channel import Channel
 from .registry import register
 
 
@@ -69,7 +68,7 @@ def direct_scatter(channel: Channel, send: np.ndarray | None, out: np.ndarray, r
     """Direct scatter; `send` (length size * len(out)) only on the root."""
     rank, size = channel.rank, channel.size
     if rank != root:
-        channel.receive(out, root)
+        channel.exchange(None, None, out, root)
         return
     assert send is not None
     block = out.shape[0]
@@ -101,7 +100,7 @@ def binomial_scatter(channel: Channel, send: np.ndarray | None, out: np.ndarray,
     else:
         held = out if subtree == 1 else np.empty_like(out, shape=(subtree * block,))
         # my subtree's blocks, in one message, from the parent that differs from me in my lowest set bit
-        channel.receive(held, (rank - (relative & -relative)) % size)
+        channel.exchange(None, None, held, (rank - (relative & -relative)) % size)
     sends, mask = [], 1 << (subtree - 1).bit_length()
     while mask > 1:
         mask >>= 1

@@ -1,10 +1,10 @@
 """Two-level schedules for ranks spread over hosts: the fast link inside a host, the network between.
 
-The communicator gives its transport `levels` (a `Levels`): a transport over the ranks of this
-rank's host (shared memory where it can) and one over the ranks holding this rank's local index on
-every host (MPI across hosts). The schedules here compose the flat algorithms over those two
-transports, as NCCL's and Horovod's hierarchical all-reduce do, so that each byte crosses the
-network once per host rather than once per rank:
+The communicator hands each hierarchical call its `levels` on the channel (a `Levels`): a
+transport over the ranks of this rank's host (shared memory where it can) and one over the ranks
+holding this rank's local index on every host (MPI across hosts). The schedules here compose the
+flat algorithms over those two transports, as NCCL's and Horovod's hierarchical all-reduce do,
+so that each byte crosses the network once per host rather than once per rank:
 
 - all_reduce: reduce-scatter inside the host, all-reduce of each shard across hosts (every local
   rank drives its own shard, so all of a host's links work at once), all-gather inside the host;
@@ -26,10 +26,11 @@ from functools import cached_property
 
 import numpy as np
 
-from transports.base import Channel, Transport
+from transports.base import Transport
 
 from .allgather import ring_all_gather_phase
 from .blocks import bounds
+from .channel import Channel
 from .ops import Op
 from .reduce_scatter import ring_reduce_scatter_phase
 from .registry import lookup, register
@@ -174,8 +175,8 @@ def _fixed(level: str, collective: str, nbytes: int) -> str:
 
 
 def _view(channel: Channel) -> _View:
-    """The call's channels over the levels of `channel`'s transport (one host if it has none)."""
-    levels: Levels | None = getattr(channel.transport, "levels", None)
+    """The call's channels over the levels the communicator gave `channel` (one host if none)."""
+    levels: Levels | None = channel.levels
     if levels is None:
         return _View(Layout.one_host(channel.size), channel, None, _fixed, 0, channel.rank)
     layout, rank = levels.layout, channel.rank

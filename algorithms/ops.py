@@ -11,8 +11,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import faults
-
 # numpy dtype kinds: b bool, i signed, u unsigned, f float, c complex, V structured (user ops only)
 NUMERIC = frozenset("biufc")
 ORDERED = frozenset("biuf")
@@ -59,8 +57,6 @@ class Op:
 
     def into_left(self, accumulator: np.ndarray, incoming: np.ndarray) -> None:
         """accumulator = accumulator ∘ incoming: the incoming data is from higher ranks."""
-        if faults.ACTIVE and "op_order" in faults.ACTIVE:
-            return self.combine(incoming, accumulator, accumulator)   # planted fault: operands swapped
         if self.folds_inline:
             self.fn(accumulator, incoming, out=accumulator)
         else:
@@ -81,8 +77,7 @@ class Op:
             nonlocal position
             start, position = position, position + accumulator.shape[0]
             mine = source[start:position]
-            swapped = faults.ACTIVE and "op_order" in faults.ACTIVE and not lower   # planted fault
-            if lower or swapped:
+            if lower:
                 self.combine(incoming, mine, accumulator)
             else:
                 self.combine(mine, incoming, accumulator)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
-
-from . import faults
 from .blocks import bounds
+from .channel import Channel
 from .ops import Op
 from .reduce_scatter import ring_reduce_scatter_phase
 from .registry import register
@@ -30,20 +28,13 @@ def binomial(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
             break
         if rank + mask < size:
             # fold in the range [rank + mask, rank + 2 mask), which comes after mine in rank order
-            fold = op.into_left
-            if faults.ACTIVE and "odd_skip_reduction" in faults.ACTIVE and rank + mask == size - 1:
-                fold = _discard if size % 2 else fold   # planted fault: the last odd rank not folded in
-            channel.receive(buf, rank + mask, fold)
+            channel.exchange(None, None, buf, rank + mask, op.into_left)
         mask <<= 1
     if root != 0:
         if rank == 0:
             channel.wait(channel.send(buf, root))
         elif rank == root:
-            channel.receive(buf, 0)
-
-
-def _discard(accumulator: np.ndarray, incoming: np.ndarray) -> None:
-    """A reducer that drops what arrives (only the `odd_skip_reduction` planted fault uses it)."""
+            channel.exchange(None, None, buf, 0)
 
 
 @register("reduce", "direct", "every rank sends to the root, which folds them in rank order")
@@ -55,7 +46,7 @@ def direct(channel: Channel, buf: np.ndarray, op: Op, root: int) -> None:
         return
     # lower ranks go on the left of what I hold, higher ranks on the right
     for peer in list(range(root - 1, -1, -1)) + list(range(root + 1, size)):
-        channel.receive(buf, peer, op.into_right if peer < root else op.into_left)
+        channel.exchange(None, None, buf, peer, op.into_right if peer < root else op.into_left)
 
 
 @register("reduce", "ring", "ring reduce-scatter, then every rank sends its reduced block to the root",

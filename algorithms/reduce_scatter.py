@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from transports.base import Channel
-
-from . import faults
 from .blocks import bounds
+from .channel import Channel
 from .ops import Op
 from .registry import register
 
@@ -30,11 +28,8 @@ def ring_reduce_scatter_phase(channel: Channel, buf: np.ndarray, starts: list[in
         incoming = buf[starts[recv_block]:starts[recv_block + 1]]
         reducer = op.into_left if source is None else op.from_source(source[starts[recv_block]:
                                                                             starts[recv_block + 1]])
-        sender = left
-        if faults.ACTIVE and "ring_wrong_peer" in faults.ACTIVE and size >= 3 and step == 0:
-            sender = (rank - 2) % size   # planted fault: the wrong peer in the first step
         # send my partial of one block to the right; fold the left's partial of the next into mine
-        channel.exchange(outgoing, right, incoming, sender, reducer)
+        channel.exchange(outgoing, right, incoming, left, reducer)
 
 
 @register("reduce_scatter", "ring", "n-1 steps around the ring; each rank sends (n-1)/n of the buffer",
@@ -127,7 +122,7 @@ def recursive_halving(channel: Channel, work: np.ndarray, out: np.ndarray, op: O
         return
     if rank < 2 * extra:
         # fold in my even neighbour's buffer, which is lower in rank order
-        channel.receive(work, rank - 1, op.into_right)
+        channel.exchange(None, None, work, rank - 1, op.into_right)
     virtual = rank // 2 if rank < 2 * extra else rank - extra
     bits = range(levels - 1, -1, -1) if op.commutative else range(levels)
     low, width = 0, participants            # the window of virtual ranks' blocks I still reduce

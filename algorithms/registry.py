@@ -17,12 +17,10 @@ class Algorithm:
     commutative_only: bool = False   # cannot keep rank order, so refuses non-commutative ops
     reads_input_only: bool = False   # reduce_scatter: never writes its input (no scratch copy needed)
     takes_source: bool = False       # all_reduce: reads the input itself, so it is not copied first
-    # all_reduce: (rank, size, op) -> the schedule as ((peer, fold), ...) exchanges in place, or None
-    # where it is more than that; what a planned call runs without the algorithm's frames
-    exchanges: Callable | None = None
-    # all_gather, all_to_all: (rank, size, count) -> `blocks.BlockSchedule` over the flat buffers
-    # (count: the elements of send), or None where it is more than a copy and sendrecvs; a planned
-    # call works it out once and runs it without the algorithm's frames
+    # (rank, size, count, op) -> a `blocks.Schedule` over the call's flat `send` and `out` (count:
+    # the elements of send; op None for a collective without one), or None where this rank's part
+    # is more than a copy and sendrecvs: a call compiled once per signature runs the schedule
+    # without the algorithm's frames (all_reduce works in place: send and out are its buffer)
     schedule: Callable | None = None
 
 
@@ -30,14 +28,13 @@ CATALOGUE: dict[str, dict[str, Algorithm]] = {}
 
 
 def register(collective: str, name: str, summary: str, *, commutative_only: bool = False,
-             reads_input_only: bool = False, takes_source: bool = False, exchanges: Callable | None = None,
-             schedule: Callable | None = None):
+             reads_input_only: bool = False, takes_source: bool = False, schedule: Callable | None = None):
     """Decorator adding an algorithm function to the catalogue under (collective, name)."""
 
     def add(fn: Callable) -> Callable:
         CATALOGUE.setdefault(collective, {})[name] = Algorithm(collective, name, fn, summary,
                                                                commutative_only, reads_input_only,
-                                                               takes_source, exchanges, schedule)
+                                                               takes_source, schedule)
         return fn
 
     return add

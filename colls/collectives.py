@@ -1,310 +1,493 @@
-"""The collectives of `Communicator`: each checks its arguments, prepares buffers, then runs one
-algorithm over a `Channel`. Buffers handed to algorithms are flat views, so nothing is copied twice.
+"""The collectives of `Communicator`: describe, then execute, one path for every kind of call.
+
+Each collective checks its buffers, gets the call's `Description` (checked and compiled once per
+signature: `Communicator._describe`), and hands it with its buffers and one of the bodies below to
+`Communicator._execute`, which runs blocking, `async_op=True` and persistent (`*_init`) calls
+alike. Buffers handed to algorithms are flat views, so nothing is copied twice.
+
+An input is read where it lies unless the algorithm writes into it or the output overlaps it: then
+a blocking or persistent call reads a copy in the communicator's scratch (made when the body runs),
+and an `async_op=True` call a copy made at issue (its caller may change `x` before the body runs).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from algorithms import SUM, Op, lookup
-from algorithms.blocks import offsets
+from algorithms.blocks import offsets, run_schedule
 
-from .describe import PLAN_BYTES, Plan
 from .device import module_of
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .persistent import Persistent
 
 Result = Any  # the array (or None), or a Work handle when async_op=True
-NOTHING = object()   # a planned call that returns None (a reduce's non-root rank)
 
 
 class Collectives:
-    """Mixin with every collective; `Communicator` supplies `_check`, `_run` and the transport."""
+    """Mixin with every collective; `Communicator` supplies `_check`, `_describe`, `_execute`,
+    `_scratch`, `rank` and `size`."""
 
-    def all_reduce(self: Communicator, x, op: Op | str = SUM, out: np.ndarray | None = None,
-                   algorithm: str | None = None, async_op: bool = False,
-                   timeout: float | None = None) -> Result:
-        """Reduce `x` over all ranks with `op`; every rank gets the same result (`out=x`: in place)."""
+    # -- all_reduce ------------------------------------------------------------------------------
+
+    def all_reduce(self, x, op: Op | str = SUM, out: np.ndarray | None = None, algorithm: str | None = None,
+                   async_op: bool = False, timeout: float | None = None) -> Result:
+        """Reduce `x` over all ranks with `op`; every rank gets the same result.
+
+        Args:
+            x: this rank's contribution (numpy array; cupy over cuda_ipc); any shape.
+            op: colls.SUM, MAX, ... or a name ("sum") or a colls.Op.
+            out: where the result goes (same shape and dtype as `x`; `out=x` reduces in place).
+            algorithm: a name from `colls.algorithms("all_reduce")`; None lets colls choose.
+            async_op: return a `Work` handle at once instead of the result.
+            timeout: seconds this call may wait (default: the communicator's).
+
+        Returns:
+            The reduced array (`out` where given), or a `Work` whose `wait()` returns it.
+
+        Raises:
+            InvalidArgument: a bad argument (named, with this rank), before any byte moves.
+            TypeError: an op that is not defined on the dtype.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        return self._all_reduce(x, op, out, algorithm, async_op, timeout, False)
+
+    def all_reduce_init(self, x, op: Op | str = SUM, out: np.ndarray | None = None,
+                        algorithm: str | None = None, timeout: float | None = None) -> Persistent:
+        """A persistent all_reduce of `x` into `out` (MPI_Allreduce_init): checked once, run by
+        `start()`/`wait()` or by calling it, as often as wanted; `x` is read at each start.
+
+        Args:
+            x, op, out, algorithm, timeout: as for `all_reduce` (`out` None: a fresh array, kept).
+
+        Returns:
+            A `colls.Persistent` handle.
+
+        Raises:
+            InvalidArgument, TypeError: as `all_reduce` would, now rather than at each start.
+        """
+        return self._all_reduce(x, op, out, algorithm, False, timeout, True)
+
+    def _all_reduce(self, x, op, out, algorithm, async_op, timeout, persistent):
         check = self._check
-        if (algorithm is None or type(algorithm) is str) and not async_op and type(x) is np.ndarray:
-            try:   # a small call seen before (with the algorithm chosen or forced alike): see `Plan`
-                plan = check.plans.get((op, x.dtype, x.shape, algorithm))
-            except TypeError:   # an unhashable op: the checks below name it
-                plan = None
-            # the planned path, inline (each frame costs): the buffers pass as the planned call's
-            # did (else the full checks), nothing is queued before it, no tracing, open
-            if plan is not None and x.flags.c_contiguous:
-                if out is None:
-                    planned = np.empty(plan.shape, x.dtype)
-                elif out is x:
-                    planned = x if x.flags.writeable else None   # read-only: the full checks say so
-                elif (type(out) is np.ndarray and out.shape == plan.shape and out.dtype == x.dtype
-                      and out.flags.c_contiguous and out.flags.writeable):
-                    planned = out
-                else:
-                    planned = None
-                if (planned is not None and not self._executor.pending and not self._tracer.active
-                        and not self.closed):
-                    return self._run_planned(plan, x, planned, timeout)
+        limit = self.timeout if timeout is None else check.timeout("all_reduce", timeout)
         x = check.array("all_reduce", x)
-        signature = (op, x.dtype, x.shape, algorithm)
-        op, algo = check.reduction("all_reduce", op, x.dtype, algorithm, x.nbytes)
+        description = self._describe("all_reduce", x, op, None, algorithm)
         result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
-        if x.nbytes <= PLAN_BYTES and algo.name != "hierarchical":
-            exchanges = algo.exchanges and algo.exchanges(self.rank, self.size, op)
-            if exchanges:   # each made persistent, its copies worked out once (`persistent_exchange`)
-                exchanges = tuple((peer, self._channel.persistent_exchange(x.dtype, x.size, peer, fold))
-                                  for peer, fold in exchanges)
-            check.keep_plan(signature, Plan("all_reduce", op, algo, x.shape, x.dtype, self.name, exchanges))
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns
             # before it runs (async: the input may change) or the output overlaps the input
-            if algo.takes_source and not async_op and not np.may_share_memory(x, work):
+            if description.algorithm.takes_source and description.schedule is None and not async_op \
+                    and not np.may_share_memory(x, work):
                 source = x.reshape(-1)
-            else:
-                np.copyto(work, x)
+            elif async_op:
+                work[...] = x
+                x = work
+        args = (x, work, result, source)
+        if persistent:
+            return Persistent(self, description, self._run_all_reduce, args, limit)
+        return self._execute(description, self._run_all_reduce, args, async_op, limit)
+
+    def _run_all_reduce(self, channel, description, x, work, result, source) -> np.ndarray:
         flat = work if work.ndim == 1 else work.reshape(-1)
-
-        def body(channel):
-            if source is None:
-                algo.run(channel, flat, op)
+        op = description.op
+        if source is not None:
+            description.algorithm.run(channel, flat, op, source)
+        else:
+            if work is not x:
+                work[...] = x
+            if description.schedule is not None:
+                run_schedule(channel, flat, flat, description.schedule)
             else:
-                algo.run(channel, flat, op, source)
-            if op.finishes:
-                op.finish(flat, self.size)
-            return _deliver(result, work)
+                description.algorithm.run(channel, flat, op)
+        if op.finishes:
+            op.finish(flat, channel.size)
+        return work if result is work else _deliver(result, work)
 
-        return self._run("all_reduce", algo.name, x, body, async_op, timeout, op=op)
+    # -- broadcast -------------------------------------------------------------------------------
 
-    def broadcast(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
-                  algorithm: str | None = None, async_op: bool = False,
-                  timeout: float | None = None) -> Result:
-        """Copy the root's `x` to every rank; all ranks pass arrays of the same shape and dtype."""
-        planned = self._run_planned_broadcast(x, root, out, algorithm, async_op, timeout)
-        if planned is not None:   # a signature seen before: see `Plan`
-            return planned
+    def broadcast(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
+                  async_op: bool = False, timeout: float | None = None) -> Result:
+        """Copy the root's `x` to every rank.
+
+        Args:
+            x: the data on the root; on the others an array of the same shape and dtype.
+            root: the rank whose `x` is sent.
+            out: where the result goes (`out=x`: in place); default a fresh array.
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            The root's data (`out` where given), or a `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        return self._broadcast(x, root, out, algorithm, async_op, timeout, False)
+
+    def broadcast_init(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
+                       timeout: float | None = None) -> Persistent:
+        """A persistent broadcast (MPI_Bcast_init); arguments and errors as `broadcast`'s.
+
+        Returns:
+            A `colls.Persistent` handle; the root's `x` is read at each start.
+        """
+        return self._broadcast(x, root, out, algorithm, False, timeout, True)
+
+    def _broadcast(self, x, root, out, algorithm, async_op, timeout, persistent):
         check = self._check
+        limit = self.timeout if timeout is None else check.timeout("broadcast", timeout)
         x = check.array("broadcast", x)
         root = check.root("broadcast", root)
-        algo = check.algorithm("broadcast", algorithm, None, x.nbytes)
+        description = self._describe("broadcast", x, None, root, algorithm)
         result, work = check.result("broadcast", out, x.shape, x.dtype, like=x)
-        if algo.name != "hierarchical" and (x.dtype, x.shape, root, algorithm) not in check.broadcast_plans:
-            # later calls of this signature: planned
-            check.keep_block_plan(Plan("broadcast", None, algo, x.shape, x.dtype, self.name, root=root),
-                                  algorithm)
-        if self.rank == root and work is not x:
-            np.copyto(work, x)
-        flat = work.reshape(-1)
+        if async_op and work is not x and self.rank == root:
+            work[...] = x
+            x = work
+        args = (x, work, result)
+        if persistent:
+            return Persistent(self, description, self._run_broadcast, args, limit)
+        return self._execute(description, self._run_broadcast, args, async_op, limit)
 
-        def body(channel):
-            algo.run(channel, flat, root)
-            return _deliver(result, work)
+    def _run_broadcast(self, channel, description, x, work, result) -> np.ndarray:
+        if work is not x and channel.rank == description.root:
+            work[...] = x
+        description.algorithm.run(channel, work if work.ndim == 1 else work.reshape(-1), description.root)
+        return work if result is work else _deliver(result, work)
 
-        return self._run("broadcast", algo.name, x, body, async_op, timeout, root=root)
+    # -- reduce ----------------------------------------------------------------------------------
 
-    def reduce(self: Communicator, x, root: int = 0, op: Op | str = SUM, out: np.ndarray | None = None,
-               algorithm: str | None = None, async_op: bool = False,
-               timeout: float | None = None) -> Result:
-        """Reduce `x` over all ranks onto `root`; the root gets the result, the others None."""
+    def reduce(self, x, root: int = 0, op: Op | str = SUM, out: np.ndarray | None = None,
+               algorithm: str | None = None, async_op: bool = False, timeout: float | None = None) -> Result:
+        """Reduce `x` over all ranks onto `root`.
+
+        Args:
+            x: this rank's contribution.
+            root: the rank that gets the result.
+            op, algorithm, async_op, timeout: as for `all_reduce`.
+            out: where the root's result goes (ignored on the other ranks).
+
+        Returns:
+            The reduction on the root, None on the others (or a `Work` handle).
+
+        Raises:
+            InvalidArgument, TypeError: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
         check = self._check
-        planned = self._run_planned_reduce(x, root, op, out, algorithm, async_op, timeout)
-        if planned is not None:   # a signature seen before: see `Plan`
-            return None if planned is NOTHING else planned
-        as_given = op
+        limit = self.timeout if timeout is None else check.timeout("reduce", timeout)
         x = check.array("reduce", x)
         root = check.root("reduce", root)
-        op, algo = check.reduction("reduce", op, x.dtype, algorithm, x.nbytes)
-        given = check.output("reduce", out, x.shape, x.dtype, like=x) if self.rank == root else None
-        if algo.name != "hierarchical" and type(x) is np.ndarray:
-            check.keep_reduction_plan(("reduce", as_given, x.dtype, x.shape, root, algorithm),
-                                      Plan("reduce", op, algo, x.shape, x.dtype, self.name, root=root))
-        # every rank's buffer is scratch for the tree: the root's is its result (its `out`, filled
-        # when the call runs, or a fresh copy); the others' the communicator's scratch
-        if self.rank != root:
-            work = None
-        elif type(given) is np.ndarray and given.flags.c_contiguous:
-            work = given   # the root reduces straight into its out: no copy of x made
+        description = self._describe("reduce", x, op, root, algorithm)
+        # every rank's buffer is scratch for the tree: the root's is its result, the others' a copy
+        result = work = send = None
+        if self.rank == root:
+            result, work = check.result("reduce", out, x.shape, x.dtype, like=x)
             if async_op:
-                np.copyto(given, x)   # now: the caller may change x before the body runs
-        else:
-            work = x.copy()
-        source = None if work is not None else self._source(x, None, async_op)
+                work[...] = x
+                x = work
+        elif async_op:
+            send = x.copy().reshape(-1)
+        return self._execute(description, self._run_reduce, (x, work, result, send), async_op, limit)
 
-        def body(channel):
-            if given is not None and work is given and not async_op:
-                np.copyto(given, x)   # (in the body: a call refused before it runs leaves out alone)
-            flat = source() if work is None else work.reshape(-1)
-            algo.run(channel, flat, op, root)
-            if self.rank != root:
-                return None
-            op.finish(flat, self.size)
-            if given is not None and given is not work:
-                given[...] = work
-            return work if given is None else given
+    def _run_reduce(self, channel, description, x, work, result, send):
+        op = description.op
+        if work is None:   # not the root: the tree folds into a copy of my input
+            description.algorithm.run(channel, self._scratch(x) if send is None else send, op,
+                                      description.root)
+            return None
+        if work is not x:
+            work[...] = x
+        flat = work.reshape(-1)
+        description.algorithm.run(channel, flat, op, description.root)
+        op.finish(flat, channel.size)
+        return _deliver(result, work)
 
-        return self._run("reduce", algo.name, x, body, async_op, timeout, root=root, op=op)
+    # -- all_gather ------------------------------------------------------------------------------
 
-    def all_gather(self: Communicator, x, out: np.ndarray | None = None, algorithm: str | None = None,
+    def all_gather(self, x, out: np.ndarray | None = None, algorithm: str | None = None,
                    async_op: bool = False, timeout: float | None = None) -> Result:
-        """Concatenate every rank's `x` along axis 0, in rank order, on every rank."""
+        """Concatenate every rank's `x` along axis 0, in rank order, on every rank.
+
+        Args:
+            x: this rank's block (same shape and dtype on every rank; a scalar counts as one row).
+            out: where the result goes, of shape (size * rows, ...); may hold `x` as its block.
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            The gathered array (`out` where given), or a `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        return self._blocks("all_gather", x, out, algorithm, async_op, timeout, False)
+
+    def all_gather_init(self, x, out: np.ndarray | None = None, algorithm: str | None = None,
+                        timeout: float | None = None) -> Persistent:
+        """A persistent all_gather (MPI_Allgather_init); arguments and errors as `all_gather`'s.
+
+        Returns:
+            A `colls.Persistent` handle; `x` is read at each start.
+        """
+        return self._blocks("all_gather", x, out, algorithm, False, timeout, True)
+
+    def all_to_all(self, x, out: np.ndarray | None = None, algorithm: str | None = None,
+                   async_op: bool = False, timeout: float | None = None) -> Result:
+        """Send block i of axis 0 to rank i; block j of the result came from rank j.
+
+        Args:
+            x: `size` equal blocks along axis 0.
+            out: where the result goes (same shape and dtype as `x`).
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            The exchanged array (`out` where given), or a `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument (axis 0 not divisible by size...), before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        return self._blocks("all_to_all", x, out, algorithm, async_op, timeout, False)
+
+    def all_to_all_init(self, x, out: np.ndarray | None = None, algorithm: str | None = None,
+                        timeout: float | None = None) -> Persistent:
+        """A persistent all_to_all (MPI_Alltoall_init); arguments and errors as `all_to_all`'s.
+
+        Returns:
+            A `colls.Persistent` handle; `x` is read at each start.
+        """
+        return self._blocks("all_to_all", x, out, algorithm, False, timeout, True)
+
+    def _blocks(self, collective, x, out, algorithm, async_op, timeout, persistent):
+        """all_gather and all_to_all: every rank sends blocks of `x` and receives blocks of `out`."""
         check = self._check
-        planned = self._run_planned_blocks("all_gather", x, out, algorithm, async_op, timeout)
-        if planned is not None:   # a signature seen before: see `Plan`
-            return planned
-        x = check.rows("all_gather", check.array("all_gather", x))
-        algo = check.algorithm("all_gather", algorithm, None, self.size * x.nbytes)
-        shape = (self.size * x.shape[0], *x.shape[1:])
-        result, work = check.result("all_gather", out, shape, x.dtype, like=x)
-        self._keep_block_plan("all_gather", x, algorithm, algo, shape)
+        limit = self.timeout if timeout is None else check.timeout(collective, timeout)
+        x = check.rows(collective, check.array(collective, x))
+        description = self._describe(collective, x, None, None, algorithm)
+        result, work = check.result(collective, out, description.out_shape, x.dtype, like=x)
+        # blocks are read after others land: an `out` over `x` needs a copy of `x` (but see `apart_from`)
+        send = apart_from(x, work, self.rank if collective == "all_gather" else None)
+        send = None if send is None else send.reshape(-1)
+        if send is None and async_op:
+            send = x.copy().reshape(-1)
+        args = (x, send, work, result)
+        if persistent:
+            return Persistent(self, description, self._run_blocks, args, limit)
+        return self._execute(description, self._run_blocks, args, async_op, limit)
 
-        source = self._source(x, apart_from(x, work, self.rank), async_op)
+    def _run_blocks(self, channel, description, x, send, work, result) -> np.ndarray:
+        if send is None:
+            send = self._scratch(x)
+        flat = work if work.ndim == 1 else work.reshape(-1)
+        if description.schedule is not None:
+            run_schedule(channel, send, flat, description.schedule)
+        else:
+            description.algorithm.run(channel, send, flat)
+        return work if result is work else _deliver(result, work)
 
-        def body(channel):
-            algo.run(channel, source(), work.reshape(-1))
-            return _deliver(result, work)
+    # -- reduce_scatter --------------------------------------------------------------------------
 
-        return self._run("all_gather", algo.name, x, body, async_op, timeout)
-
-    def reduce_scatter(self: Communicator, x, op: Op | str = SUM, out: np.ndarray | None = None,
+    def reduce_scatter(self, x, op: Op | str = SUM, out: np.ndarray | None = None,
                        algorithm: str | None = None, async_op: bool = False,
                        timeout: float | None = None) -> Result:
-        """Reduce `x` over all ranks and give rank i block i of axis 0 (size equal blocks)."""
+        """Reduce `x` over all ranks and give rank i block i of axis 0.
+
+        Args:
+            x: `size` equal blocks along axis 0.
+            op, algorithm, async_op, timeout: as for `all_reduce`.
+            out: where this rank's block goes, of shape (rows / size, ...).
+
+        Returns:
+            This rank's reduced block (`out` where given), or a `Work` handle.
+
+        Raises:
+            InvalidArgument, TypeError: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        return self._reduce_scatter(x, op, out, algorithm, async_op, timeout, False)
+
+    def reduce_scatter_init(self, x, op: Op | str = SUM, out: np.ndarray | None = None,
+                            algorithm: str | None = None, timeout: float | None = None) -> Persistent:
+        """A persistent reduce_scatter (MPI_Reduce_scatter_block_init); arguments and errors as
+        `reduce_scatter`'s.
+
+        Returns:
+            A `colls.Persistent` handle; `x` is read at each start.
+        """
+        return self._reduce_scatter(x, op, out, algorithm, False, timeout, True)
+
+    def _reduce_scatter(self, x, op, out, algorithm, async_op, timeout, persistent):
         check = self._check
-        planned = self._run_planned_reduce_scatter(x, op, out, algorithm, async_op, timeout)
-        if planned is not None:   # a signature seen before: see `Plan`
-            return planned
-        given = op
+        limit = self.timeout if timeout is None else check.timeout("reduce_scatter", timeout)
         x = check.rows("reduce_scatter", check.array("reduce_scatter", x))
-        rows = check.divisible("reduce_scatter", x)
-        op, algo = check.reduction("reduce_scatter", op, x.dtype, algorithm, x.nbytes)
-        shape = (rows, *x.shape[1:])
-        result, work = check.result("reduce_scatter", out, shape, x.dtype, like=x)
-        if algo.name != "hierarchical" and type(x) is np.ndarray:
-            check.keep_reduction_plan(("reduce_scatter", given, x.dtype, x.shape, algorithm),
-                                      Plan("reduce_scatter", op, algo, x.shape, x.dtype, self.name,
-                                           out_shape=shape))
-        # most schedules fold partial sums into their input buffer, so they work on a copy (in the
-        # communicator's scratch, made in the body); one that only reads it is given `x` itself
-        # (unless the output overlaps it)
-        source = self._source(x, x if algo.reads_input_only and not np.shares_memory(x, work) else None,
-                              async_op)
+        description = self._describe("reduce_scatter", x, op, None, algorithm)
+        result, work = check.result("reduce_scatter", out, description.out_shape, x.dtype, like=x)
+        # most schedules fold partial sums into their input, so they work on a copy; one that only
+        # reads it is given `x` itself (unless the output overlaps it)
+        send = None
+        if description.algorithm.reads_input_only and not np.shares_memory(x, work):
+            send = x.reshape(-1)
+        elif async_op:
+            send = x.copy().reshape(-1)
+        args = (x, send, work, result)
+        if persistent:
+            return Persistent(self, description, self._run_reduce_scatter, args, limit)
+        return self._execute(description, self._run_reduce_scatter, args, async_op, limit)
 
-        def body(channel):
-            flat = work.reshape(-1)
-            algo.run(channel, source(), flat, op)
-            op.finish(flat, self.size)
-            return _deliver(result, work)
+    def _run_reduce_scatter(self, channel, description, x, send, work, result) -> np.ndarray:
+        flat = work if work.ndim == 1 else work.reshape(-1)
+        op = description.op
+        description.algorithm.run(channel, self._scratch(x) if send is None else send, flat, op)
+        op.finish(flat, channel.size)
+        return work if result is work else _deliver(result, work)
 
-        return self._run("reduce_scatter", algo.name, x, body, async_op, timeout, op=op)
+    # -- the rest --------------------------------------------------------------------------------
 
-    def all_to_all(self: Communicator, x, out: np.ndarray | None = None, algorithm: str | None = None,
-                   async_op: bool = False, timeout: float | None = None) -> Result:
-        """Send block i of axis 0 to rank i; block j of the result came from rank j."""
+    def all_to_all_v(self, x, send_counts, algorithm: str | None = None, async_op: bool = False,
+                     timeout: float | None = None) -> Result:
+        """Send `send_counts[i]` rows of axis 0 to rank i.
+
+        Args:
+            x: the rows to send, grouped by destination rank.
+            send_counts: how many rows go to each rank (`size` ints adding up to len(x)).
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            (the rows received, in rank order; the list of counts received from each rank), or a
+            `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
         check = self._check
-        planned = self._run_planned_blocks("all_to_all", x, out, algorithm, async_op, timeout)
-        if planned is not None:   # a signature seen before: see `Plan`
-            return planned
-        x = check.rows("all_to_all", check.array("all_to_all", x))
-        check.divisible("all_to_all", x)
-        algo = check.algorithm("all_to_all", algorithm, None, x.nbytes)
-        result, work = check.result("all_to_all", out, x.shape, x.dtype, like=x)
-        self._keep_block_plan("all_to_all", x, algorithm, algo, x.shape)
-        source = self._source(x, apart_from(x, work), async_op)
-
-        def body(channel):
-            algo.run(channel, source(), work.reshape(-1))
-            return _deliver(result, work)
-
-        return self._run("all_to_all", algo.name, x, body, async_op, timeout)
-
-    def all_to_all_v(self: Communicator, x, send_counts, algorithm: str | None = None,
-                     async_op: bool = False, timeout: float | None = None) -> Result:
-        """Send `send_counts[i]` rows of axis 0 to rank i; returns (rows received, recv_counts)."""
-        check = self._check
+        limit = self.timeout if timeout is None else check.timeout("all_to_all_v", timeout)
         x = check.rows("all_to_all_v", check.array("all_to_all_v", x))
         counts = check.counts("all_to_all_v", send_counts, x.shape[0])
-        algo = check.algorithm("all_to_all_v", algorithm)
+        description = self._describe("all_to_all_v", x, None, None, algorithm)
+        return self._execute(description, self._run_all_to_all_v, (x, counts), async_op, limit)
+
+    def _run_all_to_all_v(self, channel, description, x, counts):
         row = int(np.prod(x.shape[1:], dtype=np.int64))
         send_elements = [c * row for c in counts]
+        # first the counts (one int64 per peer, pairwise), then the rows themselves
+        mine = np.asarray(counts, np.int64)
+        theirs = np.empty(self.size, np.int64)
+        lookup("all_to_all", "pairwise").run(channel, mine, theirs)
+        recv_counts = theirs.tolist()
+        out = module_of(x).empty((sum(recv_counts), *x.shape[1:]), x.dtype)
+        recv_elements = [c * row for c in recv_counts]
+        description.algorithm.run(channel, x.reshape(-1), send_elements, offsets(send_elements),
+                                  out.reshape(-1), recv_elements, offsets(recv_elements))
+        return out, recv_counts
 
-        def body(channel):
-            # first the counts (one int64 per peer, pairwise), then the rows themselves
-            mine = np.asarray(counts, np.int64)
-            theirs = np.empty(self.size, np.int64)
-            lookup("all_to_all", "pairwise").run(channel, mine, theirs)
-            recv_counts = theirs.tolist()
-            out = module_of(x).empty((sum(recv_counts), *x.shape[1:]), x.dtype)
-            recv_elements = [c * row for c in recv_counts]
-            algo.run(channel, x.reshape(-1), send_elements, offsets(send_elements), out.reshape(-1),
-                     recv_elements, offsets(recv_elements))
-            return out, recv_counts
+    def gather(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
+               async_op: bool = False, timeout: float | None = None) -> Result:
+        """Concatenate every rank's `x` along axis 0 on `root`.
 
-        return self._run("all_to_all_v", algo.name, x, body, async_op, timeout)
+        Args:
+            x: this rank's block (same shape and dtype on every rank).
+            root: the rank that gets the result.
+            out: where the root's result goes, of shape (size * rows, ...).
+            algorithm, async_op, timeout: as for `all_reduce`.
 
-    def gather(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
-               algorithm: str | None = None, async_op: bool = False,
-               timeout: float | None = None) -> Result:
-        """Concatenate every rank's `x` along axis 0 on `root`; None on the other ranks."""
+        Returns:
+            The gathered array on the root, None on the others (or a `Work` handle).
+
+        Raises:
+            InvalidArgument: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
         check = self._check
+        limit = self.timeout if timeout is None else check.timeout("gather", timeout)
         x = check.rows("gather", check.array("gather", x))
         root = check.root("gather", root)
-        algo = check.algorithm("gather", algorithm, None, self.size * x.nbytes)
-        shape = (self.size * x.shape[0], *x.shape[1:])
+        description = self._describe("gather", x, None, root, algorithm)
         result = work = None
         if self.rank == root:
-            result, work = check.result("gather", out, shape, x.dtype, like=x)
+            result, work = check.result("gather", out, description.out_shape, x.dtype, like=x)
+        return self._execute(description, self._run_gather, (x, work, result), async_op, limit)
 
-        def body(channel):
-            algo.run(channel, x.reshape(-1), None if work is None else work.reshape(-1), root)
-            return None if work is None else _deliver(result, work)
+    def _run_gather(self, channel, description, x, work, result):
+        description.algorithm.run(channel, x.reshape(-1), None if work is None else work.reshape(-1),
+                                  description.root)
+        return None if work is None else _deliver(result, work)
 
-        return self._run("gather", algo.name, x, body, async_op, timeout, root=root)
-
-    def scatter(self: Communicator, x, root: int = 0, out: np.ndarray | None = None,
-                algorithm: str | None = None, async_op: bool = False,
-                timeout: float | None = None) -> Result:
+    def scatter(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
+                async_op: bool = False, timeout: float | None = None) -> Result:
         """Give rank i block i of the root's `x` (axis 0 in size equal blocks).
 
         Every rank passes an `x` of the root's shape and dtype (only the root's contents are read),
         or an `out` of the block's shape, as MPI ranks describe their receive buffers.
+
+        Args:
+            x: the blocks on the root; on the others, an array of its shape, or None with `out`.
+            root: the rank whose blocks are sent.
+            out: where this rank's block goes.
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            This rank's block (`out` where given), or a `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument, before any byte moves.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
         """
         check = self._check
+        limit = self.timeout if timeout is None else check.timeout("scatter", timeout)
         if x is None and out is not None and self.rank != root:
             x = module_of(out).empty((self.size * out.shape[0], *out.shape[1:]) if out.ndim else (self.size,),
                                     out.dtype)
         x = check.rows("scatter", check.array("scatter", x))
         root = check.root("scatter", root)
-        rows = check.divisible("scatter", x)
-        algo = check.algorithm("scatter", algorithm, None, x.nbytes)
-        shape = (rows, *x.shape[1:])
-        result, work = check.result("scatter", out, shape, x.dtype, like=x)
-        # the root's blocks are read after its own lands in `out`: an `out` over `x` needs a copy
-        source = self._source(x, apart_from(x, work), async_op) if self.rank == root else None
+        description = self._describe("scatter", x, None, root, algorithm)
+        result, work = check.result("scatter", out, description.out_shape, x.dtype, like=x)
+        send = None
+        if self.rank == root:
+            # the root's blocks are read after its own lands in `out`: an `out` over `x` needs a copy
+            send = apart_from(x, work)
+            send = x.copy() if send is None and async_op else send
+            send = None if send is None else send.reshape(-1)
+        return self._execute(description, self._run_scatter, (x, send, work, result), async_op, limit)
 
-        def body(channel):
-            algo.run(channel, None if source is None else source(), work.reshape(-1), root)
-            return _deliver(result, work)
+    def _run_scatter(self, channel, description, x, send, work, result):
+        if send is None and channel.rank == description.root:
+            send = self._scratch(x)
+        description.algorithm.run(channel, send, work.reshape(-1), description.root)
+        return _deliver(result, work)
 
-        return self._run("scatter", algo.name, x, body, async_op, timeout, root=root)
-
-    def barrier(self: Communicator, algorithm: str | None = None, async_op: bool = False,
+    def barrier(self, algorithm: str | None = None, async_op: bool = False,
                 timeout: float | None = None) -> Result:
-        """Return only once every rank of the group has entered the barrier."""
-        algo = self._check.algorithm("barrier", algorithm)
-        return self._run("barrier", algo.name, None, algo.run, async_op, timeout)
+        """Return only once every rank of the group has entered the barrier.
+
+        Args:
+            algorithm, async_op, timeout: as for `all_reduce`.
+
+        Returns:
+            None, or a `Work` handle.
+
+        Raises:
+            InvalidArgument: a bad argument.
+            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
+        """
+        limit = self.timeout if timeout is None else self._check.timeout("barrier", timeout)
+        description = self._describe("barrier", None, None, None, algorithm)
+        return self._execute(description, _run_barrier, (), async_op, limit)
+
+
+def _run_barrier(channel, description) -> None:
+    description.algorithm.run(channel)
 
 
 def apart_from(x: np.ndarray, work: np.ndarray, own: int | None = None) -> np.ndarray | None:
     """`x`, or None when the output overlaps it (in place): blocks are read after others land, so the
-    body sends from a copy (`Communicator._source`). An all_gather's
-    input that is its own block of the output (`own`: the rank; torch's all_gather_into_tensor on a
-    chunk of its output) is taken where it lies: every all_gather algorithm writes only the other
-    blocks, and numpy's copy of a block onto itself moves nothing. (Copying it instead cost 360 us
-    against MPI's 55 for a 2-rank in-place 1 MiB all_gather, 2026-12-05.)"""
+    body sends from a copy. An all_gather's input that is its own block of the output (`own`: the
+    rank; torch's all_gather_into_tensor on a chunk of its output) is taken where it lies: every
+    all_gather algorithm writes only the other blocks, and numpy's copy of a block onto itself
+    moves nothing, where copying it out first would cost a pass over the whole input."""
     if not np.may_share_memory(x, work):
         return x
     if (own is not None and type(x) is np.ndarray and type(work) is np.ndarray   # (device arrays: copied)
@@ -315,6 +498,7 @@ def apart_from(x: np.ndarray, work: np.ndarray, own: int | None = None) -> np.nd
 
 
 def _deliver(result: np.ndarray | None, work: np.ndarray) -> np.ndarray:
+    """The call's result: `work`, copied into a strided `out` where one was given."""
     if result is not None and result is not work:
         result[...] = work
         return result

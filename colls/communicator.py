@@ -1,48 +1,41 @@
-"""`Communicator`: a group of ranks over one transport, with every collective, p2p and `split`."""
+"""`Communicator`: a group of ranks over one transport, with every collective, p2p and `split`.
+
+Every collective call takes one path: its arguments are checked and compiled into a `Description`
+once per signature (`_describe`, cached), then `_execute` numbers it, and runs its body in issue
+order (`Executor`): now for a blocking call, on the communicator's worker for an `async_op=True`
+call or a persistent request's `start()`.
+"""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from algorithms import faults
-from algorithms.blocks import run_block_schedule, run_persistent_block_schedule
+from algorithms.channel import Channel
 from transports import registered
-from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic, Transport, env_number
+from transports.base import COLLECTIVE_TAG_BASE, Traffic, Transport
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
-from . import fingerprint
-from .collectives import NOTHING, Collectives, Result, apart_from
-from .describe import PLAN_BYTES, Description, Plan, Validator, seconds
+from . import config, fingerprint
+from .collectives import Collectives, Result
+from .describe import CACHED_SIGNATURES, CallName, Description, Validator, fixed_op, seconds
 from .device import is_cupy
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
 from .selection import Selector
 from .trace import Tracer
 
-DEFAULT_TIMEOUT_S = 300.0
-# blocking calls of these collectives, from this many bytes of input, let the transport choose how
-# their messages move by how fast each way has been lately (`_choosing`; shm with
-# COLLS_SHM_ADAPTIVE=1). Rooted ones are left out:
-# rank 0 chooses for all by its own time, and a root that sends through a FIFO returns before its
-# receivers are done.
-CHOOSING = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"})
-CHOOSE_BYTES = 128 << 10
-
-
 CLOSE_DRAIN_S = 10.0   # how long `close` waits for asynchronous work it has aborted to end
 
 
 def default_timeout() -> float:
     """Seconds a call may wait: COLLS_TIMEOUT, else five minutes."""
-    given = env_number("COLLS_TIMEOUT", DEFAULT_TIMEOUT_S, float)
+    given = config.get("COLLS_TIMEOUT")
     if seconds(given) is None:   # NaN or infinity would mean no deadline at all
-        raise ValueError(f"COLLS_TIMEOUT={os.environ.get('COLLS_TIMEOUT')!r}: give a finite number of "
-                         f"seconds > 0")
+        raise ValueError(f"COLLS_TIMEOUT={given!r}: give a finite number of seconds > 0")
     return given
 
 
@@ -52,9 +45,6 @@ class Communicator(Collectives):
     def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world",
                  layout: Layout | None = None) -> None:
         self.transport = transport
-        # blocking calls from this size go between the transport's `begin_call` and `end_call`
-        # (`_choosing`), where it chooses ways at all: 1-1.5 us a call otherwise spent for nothing
-        self._choose_from = CHOOSE_BYTES if transport.adapting else 1 << 62
         self.rank = transport.rank
         self.size = transport.size
         self.name = name
@@ -68,318 +58,123 @@ class Communicator(Collectives):
         self._levels: Levels | None = None
         self._check = Validator(self.rank, self.size,
                                 Selector(transport.name, self.size, self.layout.spans_hosts),
-                                transport.device_buffers)
+                                transport.capabilities.device_buffers)
         self._executor = Executor(name)
         self._seq = 0
         self._hidden = 0   # calls colls made for itself (finding hosts, building levels): not numbered
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
         self._tracer = Tracer(name, self.rank)
-        self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_aim`
+        self._channel = Channel(transport, COLLECTIVE_TAG_BASE, 0.0, "", None)   # see `_job`
+        self._name = CallName()   # the blocking call running now, as messages name it (see `_execute`)
         self._scratch_bytes: np.ndarray | None = None   # see `_scratch`
         self.closed = False
 
     def __repr__(self) -> str:
         return f"<colls.Communicator {self.name} rank {self.rank}/{self.size} over {self.transport.name}>"
 
-    # -- running one call ------------------------------------------------------------------------
+    # -- describe, then execute ------------------------------------------------------------------
 
-    def _run(self, collective: str, algorithm: str, x: np.ndarray | None, body: Callable[[Channel], Any],
-             async_op: bool, timeout: float | None, *, root: int | None = None, op=None) -> Result:
-        """Give the call its sequence number and tag now (issue order), then run it in order."""
+    def _describe(self, collective: str, x: np.ndarray | None, op: Any, root: int | None,
+                  algorithm: Any) -> Description:
+        """The call's `Description`: the cached one of its signature (collective, op as given,
+        dtype, shape, root, `algorithm=` as given), else made by `_compile` and cached where the op
+        is a name or a built-in (a user's Op may change between calls)."""
+        key = (collective, op, None if x is None else x.dtype, None if x is None else x.shape, root,
+               algorithm)
+        described = self._check.described
+        try:
+            return described[key]
+        except KeyError:
+            pass
+        except TypeError:   # an unhashable op or algorithm: the checks name it
+            key = None
+        description = self._compile(collective, x, op, root, algorithm)
+        if key is not None and (op is None or fixed_op(op)) and (algorithm is None or type(algorithm) is str):
+            if len(described) >= CACHED_SIGNATURES:
+                described.clear()
+            described[key] = description
+        return description
+
+    def _compile(self, collective: str, x: np.ndarray | None, op: Any, root: int | None,
+                 algorithm: Any) -> Description:
+        """Check a signature's arguments, choose its algorithm and work out its schedule."""
+        check = self._check
+        if x is None:   # barrier
+            return Description(collective, None, (), None, None, check.algorithm(collective, algorithm),
+                               self.name)
+        nbytes, out_shape = x.nbytes, x.shape
+        if collective in ("reduce_scatter", "all_to_all", "scatter"):
+            rows = check.divisible(collective, x)
+            if collective != "all_to_all":
+                out_shape = (rows, *x.shape[1:])
+        elif collective in ("all_gather", "gather"):
+            nbytes, out_shape = self.size * x.nbytes, (self.size * x.shape[0], *x.shape[1:])
+        if collective in ("all_reduce", "reduce", "reduce_scatter"):
+            op = check.op(collective, op, x.dtype)
+        chosen = check.algorithm(collective, algorithm, op, nbytes)
+        schedule = None
+        if chosen.schedule is not None:
+            schedule = chosen.schedule(self.rank, self.size, x.size, op)
+        return Description(collective, x.dtype, x.shape, root, op, chosen, self.name, out_shape, schedule)
+
+    def _execute(self, description: Description, body: Callable[..., Any], args: tuple, async_op: bool,
+                 limit: float) -> Result:
+        """Run `body(channel, description, *args)` as the communicator's next call: it takes its
+        number (and so its tag) now, in issue order, and runs after every call issued before it:
+        in this thread for a blocking call on an idle communicator, else on the worker."""
         if self.closed:
-            raise self._check.fail(collective, "the communicator is closed")
-        deadline_s = self.timeout if timeout is None else self._check.timeout(collective, timeout)
-        if algorithm == "hierarchical" and self._levels is None:
+            raise self._check.fail(description.collective, "the communicator is closed")
+        if self._levels is None and description.algorithm.name == "hierarchical":
             self._build_levels()   # collective: every rank makes its first hierarchical call here
         seq = self._seq
-        self._seq += 1   # the collective's tag: the same on every rank, as every rank makes the call
-        description = Description(collective, None if x is None else x.dtype, 0 if x is None else x.size,
-                                  root, None if op is None else op.name, algorithm, seq - self._hidden,
-                                  self.name)
-        traffic = self._traffic_for(collective)
-        nbytes = 0 if x is None else x.nbytes
+        self._seq = seq + 1   # the collective's tag: the same on every rank, as every rank makes the call
+        number = seq - self._hidden
+        collective = description.collective
+        traffic = self._traffic.get(collective) or self._traffic_for(collective)
         executor = self._executor
         if async_op or executor.pending:
-            return executor.run(description, async_op, self._job, body, description, seq, deadline_s,
-                                traffic, nbytes)
-        with executor.exclusive():   # `Executor.run`'s blocking branch, a frame less (every call)
-            if nbytes < self._choose_from or collective not in CHOOSING:
-                return self._job(body, description, seq, deadline_s, traffic, nbytes)
-            return self._choosing((collective, algorithm, nbytes), self._job, body, description, seq,
-                                  deadline_s, traffic, nbytes)
+            name = CallName(description, number)   # (the shared one names the blocking call of the moment)
+            return executor.run(name, async_op, self._job, name, seq, limit, traffic, body, args)
+        with executor.lock:   # `Executor.run`'s blocking branch, a frame less (every call)
+            name = self._name
+            name.description, name.seq = description, number
+            return self._job(name, seq, limit, traffic, body, args)
 
-    def _choosing(self, kind: tuple, run: Callable[..., Any], *args) -> Any:
-        """`run(*args)`, one blocking call of `kind` (collective, algorithm, bytes), between the
-        transport's `begin_call` and `end_call`: a transport with two ways to move a call's messages
-        takes the one that has been faster for this kind lately (`ShmTransport.begin_call`)."""
-        transport = self.transport
-        transport.begin_call(kind)
-        completed = False
-        try:
-            result = run(*args)
-            completed = True
-            return result
-        finally:
-            transport.end_call(completed)
-
-    def _run_planned(self, plan: Plan, x: np.ndarray, work: np.ndarray, timeout: float | None) -> np.ndarray:
-        """A blocking all_reduce whose checks `plan` made once (see `describe.Plan`): `_run` and
-        `_job` for it, without their closures and frames, since its cost is its software. The plan
-        names the call in timeout messages (numbered now), so no `Description` is made unless it fails."""
-        if work is not x:
-            work[...] = x   # same shape and dtype, both contiguous: a third of `np.copyto`'s cost here
-        flat = work if work.ndim == 1 else work.reshape(-1)
-        op, algorithm = plan.op, plan.algorithm
-        channel = self._aim_plan(plan, timeout)
-        exchanges = plan.exchanges
-        with self._executor.lock:
-            try:
-                if exchanges is None:
-                    algorithm.run(channel, flat, op)
-                else:   # the algorithm's exchanges, worked out when the plan was made
-                    for _, exchange in exchanges:
-                        exchange(flat)
-            except BaseException as error:
-                self._broken(plan.description(), error)
-                raise
-        if op.finishes:
-            op.finish(flat, self.size)
-        return work
-
-    def _aim_plan(self, plan: Plan, timeout: float | None) -> Channel:
-        """`_run`'s and `_aim`'s work for a planned call: its number (kept in the plan, which names
-        the call in timeout messages), its counters, the channel pointed at it."""
-        limit = self.timeout if timeout is None else self._check.timeout(plan.collective, timeout)
-        seq = self._seq
-        self._seq = seq + 1
-        plan.seq = seq - self._hidden
-        collective = plan.collective
-        traffic = self._traffic.get(collective) or self._traffic_for(collective)
+    def _job(self, name: CallName, seq: int, limit: float, traffic: Traffic, body: Callable[..., Any],
+             args: tuple) -> Any:
+        """Run one call's body over the communicator's channel, now that every call before it has
+        run. One channel serves call after call (calls run one at a time), pointed at each in turn."""
         traffic.calls += 1
         channel = self._channel
         channel.tag = COLLECTIVE_TAG_BASE + seq
         channel.deadline = time.monotonic() + limit
-        channel.what = plan
+        channel.what = name
         channel.traffic = traffic
-        return channel
-
-    def _run_planned_blocks(self, collective: str, x: object, out: object, algorithm: str | None,
-                            async_op: bool, timeout: float | None) -> np.ndarray | None:
-        """A blocking all_gather or all_to_all whose signature (dtype, shape, `algorithm=`) a call
-        before it planned, run on that plan; None: this call takes the full path (no plan,
-        `async_op`, a strided buffer, another kind of `out`, work queued, tracing, closed)."""
-        if async_op or type(x) is not np.ndarray or not (algorithm is None or type(algorithm) is str):
-            return None
-        plan = self._check.block_plans.get((collective, x.dtype, x.shape, algorithm))
-        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
-                or self.closed):
-            return None
-        if out is None:
-            work, send = np.empty(plan.out_shape, x.dtype), x
-        elif (type(out) is np.ndarray and out.shape == plan.out_shape and out.dtype == x.dtype
-              and out.flags.c_contiguous and out.flags.writeable):
-            # blocks are read after others land: an `out` over `x` needs `x` copied first (into
-            # the scratch, under the lock)
-            work, send = out, apart_from(x, out, self.rank if collective == "all_gather" else None)
-        else:
-            return None
-        channel = self._aim_plan(plan, timeout)
-        with self._executor.lock:
-            if send is None:
-                send = self._scratch(x)
-            if x.nbytes < self._choose_from:
-                self._run_blocks(plan, channel, send, work)
-            else:
-                self._choosing((collective, plan.algorithm.name, x.nbytes), self._run_blocks, plan, channel,
-                               send, work)
-        return work
-
-    def _run_blocks(self, plan: Plan, channel: Channel, send: np.ndarray, work: np.ndarray) -> None:
-        # (a fault planted for the fuzzer's tests after the plan was made: the algorithm plants it)
-        schedule = None if faults.ACTIVE else plan.schedule
+        channel.levels = self._levels
+        description = name.description
+        tracer = self._tracer
         try:
-            if schedule is None:
-                plan.algorithm.run(channel, send.reshape(-1), work.reshape(-1))
-            elif plan.exchanges is not None:   # and those exchanges made persistent
-                run_persistent_block_schedule(send if send.ndim == 1 else send.reshape(-1),
-                                              work if work.ndim == 1 else work.reshape(-1), schedule,
-                                              plan.exchanges)
-            else:   # the algorithm's copy and exchanges, worked out when the plan was made
-                run_block_schedule(channel, send if send.ndim == 1 else send.reshape(-1),
-                                   work if work.ndim == 1 else work.reshape(-1), schedule)
+            if not tracer.active:
+                return body(channel, description, *args)
+            start = time.perf_counter()
+            if tracer.debug:
+                fingerprint.check(channel, description, name.seq)   # before any data moves
+            result = body(channel, description, *args)
         except BaseException as error:
-            self._broken(plan.description(), error)
+            if tracer.active:
+                tracer.failed(name, error)
+            self._broken(name, error)
             raise
-
-    def _run_plan(self, plan: Plan, run: Callable[..., Any], *args) -> None:
-        """`run(*args)`, a planned call's algorithm: an error of this rank's own aborts the group,
-        as in `_job` (`_broken`)."""
-        try:
-            run(*args)
-        except BaseException as error:
-            self._broken(plan.description(), error)
-            raise
-
-    def _run_planned_reduce_scatter(self, x: object, op: object, out: object, algorithm: str | None,
-                                    async_op: bool, timeout: float | None) -> np.ndarray | None:
-        """A blocking reduce_scatter whose signature (op as given, dtype, shape) a call before it
-        planned, run on that plan; None: the full path (as `_run_planned_blocks`, and an `out` that
-        may overlap `x`). 2 ranks, 8 B-4 KiB: 12.5-14.0 us through the full checks, MPI 3.6-5.0."""
-        if async_op or type(x) is not np.ndarray or not (algorithm is None or type(algorithm) is str):
-            return None
-        try:
-            plan = self._check.block_plans.get(("reduce_scatter", op, x.dtype, x.shape, algorithm))
-        except TypeError:   # an unhashable op: the full checks name it
-            return None
-        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
-                or self.closed):
-            return None
-        if out is None:
-            work = np.empty(plan.out_shape, x.dtype)
-        elif (type(out) is np.ndarray and out.shape == plan.out_shape and out.dtype == x.dtype
-              and out.flags.c_contiguous and out.flags.writeable and not np.may_share_memory(x, out)):
-            work = out
-        else:
-            return None
-        flat = work if work.ndim == 1 else work.reshape(-1)
-        algorithm, op = plan.algorithm, plan.op
-        channel = self._aim_plan(plan, timeout)
-        with self._executor.lock:
-            source = x.reshape(-1) if algorithm.reads_input_only else self._scratch(x)
-            if x.nbytes < self._choose_from:
-                self._run_plan(plan, algorithm.run, channel, source, flat, op)
-            else:
-                self._choosing(("reduce_scatter", algorithm.name, x.nbytes), self._run_plan, plan,
-                               algorithm.run, channel, source, flat, op)
-        if op.finishes:
-            op.finish(flat, self.size)
-        return work
-
-    def _run_planned_reduce(self, x: object, root: object, op: object, out: object, algorithm: str | None,
-                            async_op: bool, timeout: float | None) -> object:
-        """A blocking reduce whose signature (op as given, dtype, shape, root) a call before it
-        planned, run on that plan: the root's result, or `NOTHING` on the other ranks; None: the
-        full path (as `_run_planned_blocks`). 2 ranks, 8 B: 8.3-9.1 us through the full checks
-        (MPI 2.8-3.6)."""
-        if (async_op or type(x) is not np.ndarray or type(root) is not int
-                or not (algorithm is None or type(algorithm) is str)):
-            return None
-        try:
-            plan = self._check.block_plans.get(("reduce", op, x.dtype, x.shape, root, algorithm))
-        except TypeError:   # an unhashable op: the full checks name it
-            return None
-        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
-                or self.closed):
-            return None
-        work = None
-        if self.rank == root:
-            if out is None:
-                work = np.empty(x.shape, x.dtype)
-            elif (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-                  and out.flags.c_contiguous and out.flags.writeable):
-                work = out
-            else:
-                return None
-        algorithm, op = plan.algorithm, plan.op
-        channel = self._aim_plan(plan, timeout)
-        with self._executor.lock:
-            if work is None:
-                flat = self._scratch(x)
-            else:
-                work[...] = x   # (the root reduces into its result: `reduce`)
-                flat = work if work.ndim == 1 else work.reshape(-1)
-            self._run_plan(plan, algorithm.run, channel, flat, op, root)
-        if work is None:
-            return NOTHING
-        if op.finishes:
-            op.finish(flat, self.size)
-        return work
-
-    def _run_planned_broadcast(self, x: object, root: object, out: object, algorithm: str | None,
-                               async_op: bool, timeout: float | None) -> np.ndarray | None:
-        """A blocking broadcast whose signature (dtype, shape, root) a call before it planned, run
-        on that plan; None: the full path (as `_run_planned_blocks`)."""
-        if (async_op or type(x) is not np.ndarray or type(root) is not int
-                or not (algorithm is None or type(algorithm) is str)):
-            return None
-        plan = self._check.broadcast_plans.get((x.dtype, x.shape, root, algorithm))
-        if (plan is None or not x.flags.c_contiguous or self._executor.pending or self._tracer.active
-                or self.closed):
-            return None
-        if out is None:
-            work = np.empty(x.shape, x.dtype)
-        elif (out is x and x.flags.writeable) or (type(out) is np.ndarray and out.shape == x.shape
-                                                  and out.dtype == x.dtype and out.flags.c_contiguous
-                                                  and out.flags.writeable):
-            work = out
-        else:
-            return None
-        if work is not x and self.rank == root:
-            work[...] = x
-        channel = self._aim_plan(plan, timeout)
-        with self._executor.lock:
-            try:
-                plan.algorithm.run(channel, work if work.ndim == 1 else work.reshape(-1), root)
-            except BaseException as error:
-                self._broken(plan.description(), error)
-                raise
-        return work
-
-    def _keep_block_plan(self, collective: str, x: np.ndarray, forced: str | None, algorithm,
-                         out_shape: tuple[int, ...]) -> None:
-        """After the full checks of an all_gather or all_to_all: plan its signature's later calls
-        (`forced`: the `algorithm=` they pass, None where the selector chose), unless the algorithm
-        is the hierarchical one (which builds its levels)."""
-        if (algorithm.name != "hierarchical"
-                and (collective, x.dtype, x.shape, forced) not in self._check.block_plans):
-            schedule = algorithm.schedule and algorithm.schedule(self.rank, self.size, x.size)
-            exchanges = None
-            if (schedule is not None and x.nbytes <= PLAN_BYTES and type(x) is np.ndarray
-                    and all(dst == src for dst, _, _, src, _ in schedule.steps)):
-                # each step's exchange made persistent: a small call's cost is its software
-                exchanges = tuple(self._channel.persistent_exchange(x.dtype, incoming.stop - incoming.start,
-                                                                    src)
-                                  for _, _, _, src, incoming in schedule.steps)
-            self._check.keep_block_plan(Plan(collective, None, algorithm, x.shape, x.dtype, self.name,
-                                             exchanges, out_shape=out_shape, schedule=schedule), forced)
+        nbytes = 0 if description.dtype is None else description.count * description.dtype.itemsize
+        tracer.finished(name, nbytes, time.perf_counter() - start)
+        return result
 
     def _traffic_for(self, collective: str) -> Traffic:
         """The counters `stats()` reports for `collective` (made on its first call)."""
         return self._traffic.get(collective) or self._traffic.setdefault(collective, Traffic(self.size))
 
-    def _aim(self, seq: int, deadline_s: float, description: Description, traffic: Traffic) -> Channel:
-        """The communicator's channel, pointed at call `seq`: one per communicator, reused call after
-        call (calls run one at a time), so that nothing is made per call on the path every call takes."""
-        channel = self._channel
-        channel.tag = COLLECTIVE_TAG_BASE + seq
-        channel.deadline = time.monotonic() + deadline_s
-        channel.what = description
-        channel.traffic = traffic
-        return channel
-
-    def _job(self, body: Callable[[Channel], Any], description: Description, seq: int, deadline_s: float,
-             traffic: Traffic, nbytes: int) -> Any:
-        """Run one call's schedule over the communicator's channel, now that every call before it has run."""
-        traffic.calls += 1
-        channel = self._aim(seq, deadline_s, description, traffic)
-        tracer = self._tracer
-        try:
-            if not tracer.active:
-                return body(channel)
-            start = time.perf_counter()
-            if tracer.debug:
-                fingerprint.check(channel, description)   # before any data moves
-            result = body(channel)
-        except BaseException as error:
-            if tracer.active:
-                tracer.failed(description, error)
-            self._broken(description, error)
-            raise
-        tracer.finished(description, nbytes, time.perf_counter() - start)
-        return result
-
-    def _broken(self, description: Description, error: BaseException) -> None:
+    def _broken(self, name: CallName, error: BaseException) -> None:
         """A call that failed half-way for a reason of this rank's own (a bug, an interrupt, memory)
         leaves its peers waiting for messages that will never come: abort the communicator so that
         they raise `CommunicatorAborted` naming this rank and the error now, not at their deadline.
@@ -387,8 +182,8 @@ class Communicator(Collectives):
         except in a hierarchical call: there any error but a mismatch or a bad argument aborts both
         levels, so that ranks blocked on the level this rank is not on are released too."""
         first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-        reason = f"rank {self.rank} failed in {self.name} {description.label()} ({first})"
-        if (description.algorithm == "hierarchical" and self._levels is not None
+        reason = f"rank {self.rank} failed in {self.name} {name.label()} ({first})"
+        if (name.description.algorithm.name == "hierarchical" and self._levels is not None
                 and not isinstance(error, (CollectiveMismatch, InvalidArgument))):
             # a rank released on one level passes it on, so that ranks waiting on the other level
             # (for peers stuck on this one) are released too, whatever the error
@@ -412,14 +207,18 @@ class Communicator(Collectives):
 
     def discover_hosts(self) -> Layout:
         """Collective: learn which host each rank runs on (COLLS_HOST, else the host name), so that
-        collectives over ranks that span hosts run hierarchically. `colls.init()` calls it."""
-        self.layout, self._shm_inside = self._internally(discover, self)
+        collectives over ranks that span hosts run hierarchically. `colls.init()` calls it.
+
+        Returns:
+            The `Layout` of this communicator's ranks over hosts.
+        """
+        self.layout, self._shm_inside = self._internally(discover, self._exchange)
         self._check.use(Selector(self.transport.name, self.size, self.layout.spans_hosts))
         return self.layout
 
     def _build_levels(self) -> None:
-        levels = self._internally(build_levels, self, self._shm_inside)
-        self._levels = self.transport.levels = levels
+        self._levels = self._internally(build_levels, self.rank, self.layout, self.transport, self._exchange,
+                                        self._shm_inside)
 
     def _internally(self, setup: Callable[..., Any], *args: Any) -> Any:
         """Run `setup`'s collectives as colls' own: they neither count in `stats()` nor take the
@@ -450,7 +249,7 @@ class Communicator(Collectives):
     def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
              timeout: float | None = None) -> Result:
         """Receive into `x` (in place; contiguous and writable) from rank `src`; returns `x`."""
-        on_device = type(x) is not np.ndarray and is_cupy(x) and self.transport.device_buffers
+        on_device = type(x) is not np.ndarray and is_cupy(x) and self.transport.capabilities.device_buffers
         if not (isinstance(x, np.ndarray) or on_device) or not x.flags.c_contiguous or not (
                 on_device or x.flags.writeable):
             raise self._check.fail("recv", "x must be a writable C-contiguous numpy array (or, over "
@@ -556,33 +355,21 @@ class Communicator(Collectives):
             self._levels.abort(message)
         self.transport.abort(message)
 
-    def _source(self, x, given: np.ndarray | None, async_op: bool) -> Callable[[], np.ndarray]:
-        """What a call's body reads as its input, flat: `given` where it is not None, else a copy of
-        `x`, made now for an asynchronous call (its caller may change `x` before the body runs, as
-        before), else in the scratch when the body runs (`_scratch`)."""
-        if given is not None:
-            flat = given.reshape(-1)
-            return lambda: flat
-        if async_op:
-            made = x.copy().reshape(-1)
-            return lambda: made
-        return lambda: self._scratch(x)
-
     def _scratch(self, like: np.ndarray) -> np.ndarray:
         """A flat work buffer of `like`'s dtype and size, for a blocking call's body only (bodies run
         one at a time, in issue order): kept from call to call and grown to the largest asked for, so a
         schedule that folds into its input costs a copy but no allocation per call. On a transport
         whose peers can map registered memory (shm) it is registered (`colls.alloc`): its big
-        messages are read out of a mapping instead of page by page. Device arrays get a fresh copy."""
+        messages are read out of a mapping instead of page by page (the transport's declared
+        capabilities say whether, and from what size). Device arrays get a fresh copy."""
         if not isinstance(like, np.ndarray):
             return like.copy().reshape(-1)
         held = self._scratch_bytes
         if held is None or held.nbytes < like.nbytes:
             held = None
-            if getattr(self.transport, "mappable", False):   # (shm: imported where it is used)
-                from transports.shm import MAPPED_BYTES
-                if like.nbytes >= MAPPED_BYTES:
-                    held = registered.alloc((like.nbytes,), np.uint8)
+            capabilities = self.transport.capabilities
+            if capabilities.maps_registered_memory and like.nbytes >= capabilities.registered_from_bytes:
+                held = registered.alloc((like.nbytes,), np.uint8)
             self._scratch_bytes = held = np.empty(like.nbytes, np.uint8) if held is None else held
         flat = held[:like.nbytes].view(like.dtype)
         np.copyto(flat, like.reshape(-1))

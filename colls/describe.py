@@ -1,8 +1,9 @@
 """Describe, then execute: arguments normalised and checked once, before any byte moves.
 
-Every collective turns its arguments into a frozen `Description` (as mpi4py's `for_allreduce` does)
-and buffers it can hand to an algorithm. The description serves validation messages, the name in
-timeout errors, byte counters and, later, fingerprints that detect mismatched calls across ranks.
+Every collective turns its arguments into an immutable `Description` (as mpi4py's `for_allreduce`
+does) and buffers it can hand to an algorithm. The description serves validation messages, the name
+in timeout errors, byte counters, traces and the fingerprints that detect mismatched calls across
+ranks; it is made once per call signature and cached, with the algorithm's schedule compiled in.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import operator
 import numpy as np
 
 from algorithms import BUILTIN, Op, lookup, names
-from algorithms.blocks import BlockSchedule
+from algorithms.blocks import Schedule
 from algorithms.registry import Algorithm
 from transports.errors import InvalidArgument
 
@@ -24,96 +25,65 @@ BUILTIN_OPS = frozenset(BUILTIN.values())   # Op hashes by identity
 
 
 def fixed_op(op: object) -> bool:
-    """Whether `op` is a name or a built-in Op, which no program changes: what may be remembered
-    between calls (a user's Op may change, and would stay alive in a memo). TypeError if unhashable."""
+    """Whether `op` is a name or a built-in Op, which no program changes: what may key a cached
+    description (a user's Op may change, and would stay alive in the cache). TypeError if unhashable."""
     return type(op) is str or op in BUILTIN_OPS
+
+CACHED_SIGNATURES = 4096   # a program repeats a few signatures; past this many, start afresh
 
 
 class Description:
-    """What one collective call is: kind, element type and count, root, operator, algorithm, its
-    number in the communicator's sequence and the communicator's name. Made on every call, so a
-    plain slotted class (a frozen dataclass costs 0.8 µs to build); read-only by convention."""
+    """What one collective call signature is, checked and compiled: the collective, its element
+    type, input and output shapes, root, operator and algorithm, and (where the algorithm declares
+    one) its schedule worked out for this rank. Immutable: made once per signature and cached
+    (`Validator.described`), so a call repeated with the same signature costs one dict lookup
+    here; the call's buffers and number travel beside it (`Communicator._execute`)."""
 
-    __slots__ = ("collective", "dtype", "count", "root", "op", "algorithm", "seq", "group")
+    __slots__ = ("collective", "dtype", "shape", "count", "out_shape", "root", "op", "algorithm",
+                 "schedule", "group")
 
-    def __init__(self, collective: str, dtype: np.dtype | None, count: int, root: int | None,
-                 op: str | None, algorithm: str, seq: int = -1, group: str = "") -> None:
-        self.collective = collective
-        self.dtype = dtype
-        self.count = count            # elements of this rank's input
-        self.root = root
-        self.op = op
-        self.algorithm = algorithm
-        self.seq = seq
-        self.group = group
+    def __init__(self, collective: str, dtype: np.dtype | None, shape: tuple[int, ...], root: int | None,
+                 op: Op | None, algorithm: Algorithm, group: str = "",
+                 out_shape: tuple[int, ...] | None = None, schedule: Schedule | None = None) -> None:
+        count = 0 if dtype is None else math.prod(shape)   # elements of this rank's input
+        for name, value in (("collective", collective), ("dtype", dtype), ("shape", shape), ("count", count),
+                            ("out_shape", shape if out_shape is None else out_shape), ("root", root),
+                            ("op", op), ("algorithm", algorithm), ("schedule", schedule), ("group", group)):
+            object.__setattr__(self, name, value)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Description) and all(
-            getattr(self, name) == getattr(other, name) for name in self.__slots__)
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Description is immutable (tried to set {name})")
 
-    __hash__ = None  # type: ignore[assignment]
-
-    def label(self) -> str:
+    def label(self, seq: int) -> str:
         """Short text for messages: `all_reduce #3 (ring, 1000 x float32, SUM)`."""
-        parts = [self.algorithm, f"{self.count} x {self.dtype}"]
-        if self.op:
-            parts.append(self.op)
+        parts = [self.algorithm.name, f"{self.count} x {self.dtype}"]
+        if self.op is not None:
+            parts.append(self.op.name)
         if self.root is not None:
             parts.append(f"root {self.root}")
-        return f"{self.collective} #{self.seq} ({', '.join(parts)})"
-
-    def __str__(self) -> str:
-        """The label behind the communicator's name: what timeout messages name the call by."""
-        return f"{self.group} {self.label()}" if self.group else self.label()
+        return f"{self.collective} #{seq} ({', '.join(parts)})"
 
     def __repr__(self) -> str:
-        return f"<Description {self}>"
+        return f"<Description {self.group} {self.label(-1)}>"
 
 
-class Plan:
-    """What the checks of one call signature concluded: for a small all_reduce (op, dtype, shape)
-    the operator and the algorithm, for an all_gather or all_to_all (dtype, shape) the algorithm and
-    the output's shape, for a reduce_scatter (op, dtype, shape) all three, for a reduce (op, dtype,
-    shape, root) the operator and the algorithm; every signature also holds the call's `algorithm=`
-    (None where the selector chose). A later call with the same signature is checked
-    only for what can differ between calls (its buffers' layout) and runs in line: MPI-4's
-    persistent collectives (MPI_Allreduce_init, MPI_Alltoall_init) made implicit, for the calls
-    whose cost is the library's own software."""
+class CallName:
+    """One call as messages name it: its description and its number in the communicator's
+    sequence, formatted only when a message needs it (`world all_reduce #3 (ring, ...)`)."""
 
-    __slots__ = ("collective", "op", "algorithm", "shape", "dtype", "group", "exchanges", "schedule",
-                 "out_shape", "root", "seq")
+    __slots__ = ("description", "seq")
 
-    def __init__(self, collective: str, op: Op | None, algorithm: Algorithm, shape: tuple[int, ...],
-                 dtype: np.dtype, group: str, exchanges: tuple | None = None,
-                 out_shape: tuple[int, ...] | None = None, root: int | None = None,
-                 schedule: BlockSchedule | None = None) -> None:
-        self.collective = collective
-        self.op = op
-        self.algorithm = algorithm
-        self.shape = shape
-        self.dtype = dtype
-        self.group = group
-        # all_reduce: the algorithm as in-place exchanges, if only that: (partner, its exchange made
-        # persistent, `Channel.persistent_exchange`) per step. A small all_gather or all_to_all whose
-        # every step sends to the peer it receives from: each step's exchange made persistent
-        # (`run_persistent_block_schedule`)
-        self.exchanges = exchanges
-        self.schedule = schedule     # all_gather, all_to_all: its copy and exchanges, if only that
-        self.out_shape = shape if out_shape is None else out_shape
-        self.root = root   # broadcast: the root the plan was made for
-        self.seq = -1   # the number of the call running now (set by the communicator on each call)
+    def __init__(self, description: Description | None = None, seq: int = -1) -> None:
+        self.description = description
+        self.seq = seq
 
-    def description(self) -> Description:
-        """The running call's `Description`, made only when something needs it (an error)."""
-        count = int(np.prod(self.shape, dtype=np.int64))
-        return Description(self.collective, self.dtype, count, self.root, self.op and self.op.name,
-                           self.algorithm.name, self.seq, self.group)
+    def label(self) -> str:
+        """The call without the communicator's name (traces add their own)."""
+        return self.description.label(self.seq)
 
     def __str__(self) -> str:
-        return str(self.description())
-
-
-PLAN_BYTES = 64 << 10   # all_reduce calls up to this size are planned (above it, data movement dominates)
+        group = self.description.group
+        return f"{group} {self.label()}" if group else self.label()
 
 
 def seconds(value: object) -> float | None:
@@ -137,14 +107,9 @@ class Validator:
     def use(self, selector: Selector) -> None:
         """Choose algorithms with `selector` from now on (a communicator that learned its hosts)."""
         self.selector = selector
-        self._reductions: dict[tuple, tuple[Op, Algorithm]] = {}
-        self.plans: dict[tuple, Plan] = {}   # (op, dtype, shape, algorithm) -> Plan, for all_reduce
-        # each key ends with the call's `algorithm=` (None where the selector chose): a forced
-        # algorithm's calls are planned under its name. (collective, dtype, shape, algorithm):
-        # all_gather, all_to_all; ("reduce_scatter", op, dtype, shape, algorithm); ("reduce", op,
-        # dtype, shape, root, algorithm)
-        self.block_plans: dict[tuple, Plan] = {}
-        self.broadcast_plans: dict[tuple, Plan] = {}   # (dtype, shape, root, algorithm)
+        # (collective, op as given, dtype, shape, root, algorithm as given) -> Description: what the
+        # checks and the compilation of a signature concluded (`Communicator._describe`)
+        self.described: dict[tuple, Description] = {}
 
     def timeout(self, collective: str, timeout: object) -> float:
         """`timeout=` as seconds, checked before the call takes its number or posts anything."""
@@ -253,60 +218,10 @@ class Validator:
             raise TypeError(f"rank {self.rank}: {collective}: {error}") from None
         return op
 
-    def reduction(self, collective: str, op: object, dtype: np.dtype, algorithm: str | None,
-                  nbytes: int) -> tuple[Op, Algorithm]:
-        """`op` and the algorithm of a reducing call, checked as `op` and `algorithm` do; memoised
-        by the call's signature, since a program repeats the same few calls (on every call's path)."""
-        key = None
-        try:
-            if fixed_op(op):
-                key = (collective, op, dtype, algorithm, nbytes)
-                return self._reductions[key]
-        except KeyError:
-            pass
-        except TypeError:   # an unhashable op or algorithm: checked below, and refused there
-            key = None
-        checked = self.op(collective, op, dtype)
-        found = (checked, self.algorithm(collective, algorithm, checked, nbytes))
-        if key is not None:
-            if len(self._reductions) > 4096:
-                self._reductions.clear()
-            self._reductions[key] = found
-        return found
-
-    def keep_plan(self, signature: tuple, plan: Plan) -> None:
-        """Remember `plan` for all_reduce calls of `signature` (op as given, dtype, shape, the
-        `algorithm=` given), if the op is a name or a built-in one (a user's Op may change between
-        calls)."""
-        if fixed_op(signature[0]):
-            if len(self.plans) > 4096:
-                self.plans.clear()
-            self.plans[signature] = plan
-
-    def keep_reduction_plan(self, key: tuple, plan: Plan) -> None:
-        """Remember `plan` for reduce_scatter calls of `key` ("reduce_scatter", op as given, dtype,
-        shape, algorithm) or reduce calls of ("reduce", op as given, dtype, shape, root, algorithm),
-        if the op is a name or a built-in one (as `keep_plan`)."""
-        if fixed_op(key[1]):
-            if len(self.block_plans) > 4096:
-                self.block_plans.clear()
-            self.block_plans[key] = plan
-
-    def keep_block_plan(self, plan: Plan, forced: str | None = None) -> None:
-        """Remember `plan` for all_gather or all_to_all calls of its (collective, dtype, shape), or
-        for broadcasts of its (dtype, shape, root), that pass `algorithm=forced`."""
-        if plan.collective == "broadcast":
-            plans, key = self.broadcast_plans, (plan.dtype, plan.shape, plan.root, forced)
-        else:
-            plans, key = self.block_plans, (plan.collective, plan.dtype, plan.shape, forced)
-        if len(plans) > 4096:
-            plans.clear()
-        plans[key] = plan
-
     def algorithm(self, collective: str, algorithm: str | None, op: Op | None = None,
                   nbytes: int = 0) -> Algorithm:
         """The algorithm asked for, else the selector's choice; refuses one that breaks rank order,
-        and an `algorithm=` that is not a name (before it keys a plan: see `Plan`)."""
+        and an `algorithm=` that is not a name."""
         if algorithm is not None and type(algorithm) is not str:
             raise self.fail(collective, f"algorithm must be a name (a str such as {names(collective)[0]!r}) "
                                         f"or None, got {algorithm!r}")

@@ -14,7 +14,7 @@ import numpy as np
 
 from algorithms import BUILTIN, names
 from algorithms.allgather import ring_all_gather_phase
-from transports.base import Channel
+from algorithms.channel import Channel
 from transports.errors import CollectiveMismatch
 
 from .describe import Description
@@ -25,15 +25,17 @@ OPS = tuple(BUILTIN)
 FIELDS = 8
 
 
-def encode(description: Description) -> np.ndarray:
-    """Eight int64s that two ranks making the same call agree on."""
+def encode(description: Description, seq: int) -> np.ndarray:
+    """Eight int64s that two ranks making the same call (number `seq`) agree on."""
     kind = KINDS.index(description.collective) if description.collective in KINDS else -1
     dtype = description.dtype.num if description.dtype is not None else -1
-    op = OPS.index(description.op) if description.op in OPS else (-2 if description.op else -1)
+    op_name = None if description.op is None else description.op.name
+    op = OPS.index(op_name) if op_name in OPS else (-2 if op_name else -1)
     catalogue = names(description.collective)
-    algorithm = catalogue.index(description.algorithm) if description.algorithm in catalogue else -1
+    name = description.algorithm.name
+    algorithm = catalogue.index(name) if name in catalogue else -1
     root = -1 if description.root is None else description.root
-    return np.array([kind, description.seq, dtype, description.count, root, op, algorithm, 0], np.int64)
+    return np.array([kind, seq, dtype, description.count, root, op, algorithm, 0], np.int64)
 
 
 def decode(fields: np.ndarray) -> str:
@@ -62,12 +64,12 @@ def _dtype_name(number: int) -> str:
     return "structured" if number == np.dtype("V").num else f"<dtype {number}>"
 
 
-def check(channel: Channel, description: Description) -> None:
+def check(channel: Channel, description: Description, seq: int) -> None:
     """All-gather fingerprints on the call's tag; raise CollectiveMismatch on every rank if they differ."""
     size = channel.size
     channel = Channel(channel.transport, channel.tag, channel.deadline, channel.what)  # not counted
     table = np.empty(size * FIELDS, np.int64)
-    table[channel.rank * FIELDS:(channel.rank + 1) * FIELDS] = encode(description)
+    table[channel.rank * FIELDS:(channel.rank + 1) * FIELDS] = encode(description, seq)
     ring_all_gather_phase(channel, table, [i * FIELDS for i in range(size + 1)])
     rows = table.reshape(size, FIELDS)
     if (rows == rows[0]).all():
@@ -76,4 +78,4 @@ def check(channel: Channel, description: Description) -> None:
     for rank in range(size):
         groups.setdefault(decode(rows[rank]), []).append(rank)
     sides = "; ".join(f"ranks {ranks} called {call}" for call, ranks in groups.items())
-    raise CollectiveMismatch(f"rank {channel.rank}: the ranks disagree on call #{description.seq}: {sides}")
+    raise CollectiveMismatch(f"rank {channel.rank}: the ranks disagree on call #{seq}: {sides}")

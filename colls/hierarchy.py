@@ -9,24 +9,20 @@ own transport (MPI between machines).
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
-from typing import TYPE_CHECKING
 
 from algorithms import DEFAULTS
 from algorithms.hierarchical import Layout, Levels
-from transports.base import Transport
+from transports.base import Exchange, Transport
 
+from . import config
 from .selection import Selector
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
 
 
 def host_name() -> str:
     """This process's host for grouping ranks: COLLS_HOST, else the machine's host name."""
-    return os.environ.get("COLLS_HOST") or socket.gethostname()
+    return config.get("COLLS_HOST") or socket.gethostname()
 
 
 def _identity() -> bytes:
@@ -35,28 +31,29 @@ def _identity() -> bytes:
     return "\0".join((host_name(), socket.gethostname(), "1" if usable else "0")).encode()
 
 
-def discover(comm: Communicator) -> tuple[Layout, bool]:
-    """Collective: (the layout of `comm`'s ranks, whether each host's ranks share one machine on
-    which shared memory works, so that the level inside a host can be shm)."""
-    records = [entry.decode().split("\0") for entry in comm._exchange(_identity())]
+def discover(exchange: Exchange) -> tuple[Layout, bool]:
+    """Collective over the group `exchange` all-gathers over: (the layout of its ranks, whether
+    each host's ranks share one machine on which shared memory works, so that the level inside a
+    host can be shm)."""
+    records = [entry.decode().split("\0") for entry in exchange(_identity())]
     layout = Layout.from_names([record[0] for record in records])
     same_machine = all(len({records[r][1] for r in group}) == 1 and records[group[0]][2] == "1"
                        for group in layout.members)
     return layout, same_machine
 
 
-def build_levels(comm: Communicator, shm_inside: bool) -> Levels:
-    """Collective over `comm`: its ranks' transport inside their host and across hosts."""
-    layout, rank, world = comm.layout, comm.rank, comm.transport
+def build_levels(rank: int, layout: Layout, world: Transport, exchange: Exchange, shm_inside: bool) -> Levels:
+    """Collective over the group of `world` (whose ranks lie as `layout` says; `exchange`
+    all-gathers over it): rank `rank`'s transport inside its host and across hosts."""
     host = layout.members[layout.hosts[rank]]
     across = layout.cross_members(layout.local_index(rank))
     if shm_inside and world.name != "shm" and world.name != "local":
         from transports.shm import shm_group
 
-        local = shm_group(rank, host, comm._exchange)
+        local = shm_group(rank, host, exchange)
     else:
-        local = world.subgroup(host, comm._exchange)
-    cross = world.subgroup(across, comm._exchange)
+        local = world.subgroup(host, exchange)
+    cross = world.subgroup(across, exchange)
     assert local is not None and cross is not None
     local.watched = cross.watched = world   # an abort of the whole group ends waits on either level
     selectors = {"local": _selector(local), "cross": _selector(cross)}

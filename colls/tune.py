@@ -40,9 +40,9 @@ def one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
         start = time.perf_counter()
         if comm.rank == 0:
             channel.wait(channel.send(buf, 1))
-            channel.receive(buf, 1)
+            channel.exchange(None, None, buf, 1)
         elif comm.rank == 1:
-            channel.receive(buf, 0)
+            channel.exchange(None, None, buf, 0)
             channel.wait(channel.send(buf, 0))
         times.append((time.perf_counter() - start) / 2)
     return statistics.median(times)

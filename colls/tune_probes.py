@@ -63,9 +63,9 @@ def pair_one_way_seconds(comm: Communicator, nbytes: int, rounds: int) -> float:
         start = time.perf_counter()
         if partner < comm.size and comm.rank % 2 == 0:
             channel.wait(channel.send(buf, partner))
-            channel.receive(buf, partner)
+            channel.exchange(None, None, buf, partner)
         elif partner < comm.size:
-            channel.receive(buf, partner)
+            channel.exchange(None, None, buf, partner)
             channel.wait(channel.send(buf, partner))
         times.append((time.perf_counter() - start) / 2)
     return statistics.median(slowest(comm, times))
@@ -99,7 +99,7 @@ def after_barrier_times(pair: Communicator, nbytes: int, rounds: int, written: b
         if pair.rank == 0:
             channel.wait(channel.send(buf, 1))
         else:
-            channel.receive(buf, 0)   # as the schedules take a message (a one-slot one straight out)
+            channel.exchange(None, None, buf, 0)   # as the schedules take a message
         times.append(time.perf_counter() - start)
     sender = float(pair.broadcast(np.array([statistics.median(times)]), root=0)[0])
     return statistics.median(slowest(pair, times)), sender
@@ -150,16 +150,14 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
 
 def persistent_exchange_seconds(pair: Communicator, rounds: int, nbytes: int, reduce: bool = False,
                                 fence: Communicator | None = None) -> float:
-    """`exchange_seconds` for an exchange made persistent (`Channel.persistent_exchange`), as a
-    planned small call makes its steps (`colls.describe.Plan`): `reduce`, a float32 sum in place,
-    as a small all_reduce's; else plain into another buffer, as a small all_to_all's. Its copies
-    and checks are worked out once, so it costs less software than a sendrecv."""
+    """`exchange_seconds` for the exchange of a small call compiled to a schedule
+    (`algorithms.blocks.Schedule`): `reduce`, a float32 sum in place, as a small all_reduce's;
+    else plain into another buffer, as a small all_to_all's."""
     fence = pair if fence is None else fence
     buf, incoming = ones(nbytes), ones(nbytes)
     dtype = np.dtype(np.float32) if reduce else np.dtype(np.uint8)
     channel = pair.channel("colls tune persistent exchange", timeout=120)
-    run = channel.persistent_exchange(dtype, nbytes // dtype.itemsize, 1 - pair.rank,
-                                      SUM.into_right if reduce else None)
+    peer = 1 - pair.rank
     mine, theirs = buf.view(dtype), incoming.view(dtype)
     times = []
     for _ in range(rounds):
@@ -168,9 +166,9 @@ def persistent_exchange_seconds(pair: Communicator, rounds: int, nbytes: int, re
         fence.barrier()
         start = time.perf_counter()
         if reduce:
-            run(mine)
+            channel.exchange(mine, peer, mine, peer, SUM.into_right)
         else:
-            run(mine, theirs)
+            channel.exchange(mine, peer, theirs, peer)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
 

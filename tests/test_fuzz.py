@@ -1,6 +1,6 @@
 """`colls fuzz`: bounded runs on every transport, and proof that it catches planted faults.
 
-The fault tests plant each bug of `algorithms.faults` through COLLS_FAULTS in a `colls fuzz`
+The fault tests plant each bug of `planted_faults.py` (a test-only plugin: `--plugin`) in a `colls fuzz`
 subprocess and require it to be reported within a bounded number of programs, shrunk to a program
 of at most three steps, replayed by the printed seed with the same failure (and passing without the
 fault), and reproduced by the printed snippet. The oracle's claims (exact in any order) are checked
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from planted_faults import planted
 
-from algorithms import faults
 from colls.fuzz import Program, Step, fuzz, judge, make_group
 from colls.fuzz.oracle import DTYPES, inputs, matmul, reduced, valid_ops
 from colls.fuzz.program import Space, programs
@@ -29,6 +29,7 @@ from colls.fuzz.session import Verdict
 from colls.fuzz.snippet import render
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PLANTED = Path(__file__).resolve().parent / "planted_faults.py"   # the faults, as a fuzzer plugin
 KNOWN_BUGS: list[str] = []   # e.g. ["--skip", "all_to_all:inplace"] while a bug the fuzzer found is open
 
 
@@ -36,7 +37,7 @@ def child_env(**extra: str) -> dict[str, str]:
     """Our environment with the repo importable and no fault planted unless asked."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    for name in ("COLLS_TRANSPORT", "COLLS_FAULTS", "COLLS_ALGO"):
+    for name in ("COLLS_TRANSPORT", "COLLS_ALGO"):
         env.pop(name, None)
     env.update(extra)
     return env
@@ -132,17 +133,18 @@ def parse_failure(stdout: str) -> dict[str, object]:
 def test_planted_fault_is_caught_shrunk_and_replayed(fault: str, tmp_path: Path) -> None:
     options, kinds = FAULT_RUNS[fault]
     result = colls_fuzz("--transport", "local", "--programs", str(MAX_PROGRAMS), "--max-bytes", "65536",
-                        "--shrink-seconds", "60", "--quiet", *KNOWN_BUGS, *options, COLLS_FAULTS=fault)
+                        "--shrink-seconds", "60", "--quiet", *KNOWN_BUGS, *options,
+                        "--plugin", f"{PLANTED}:{fault}")
     assert result.returncode == 1, result.stdout + result.stderr
     failure = parse_failure(result.stdout)
     assert failure["kind"] in kinds, result.stdout
     assert failure["programs"] <= MAX_PROGRAMS
     assert failure["steps"] <= MAX_SHRUNK_STEPS, result.stdout
-    assert f"COLLS_FAULTS={fault} colls fuzz --transport local --replay" in result.stdout
+    assert f"colls fuzz --plugin {PLANTED}:{fault} --transport local --replay" in result.stdout
 
     # the printed seed reruns the very program: the same failure with the fault, a pass without it
     deadline = options[options.index("--deadline") + 1] if "--deadline" in options else "30"
-    again = colls_fuzz("--replay", failure["seed"], "--deadline", deadline, COLLS_FAULTS=fault)
+    again = colls_fuzz("--replay", failure["seed"], "--deadline", deadline, "--plugin", f"{PLANTED}:{fault}")
     assert again.returncode == 1, again.stdout + again.stderr
     replayed = re.search(r"^rank \d+, step (\d+) (\S+?)\(.*?: ([a-z ]+): ", again.stdout, re.M)
     assert replayed, again.stdout
@@ -153,11 +155,15 @@ def test_planted_fault_is_caught_shrunk_and_replayed(fault: str, tmp_path: Path)
     if fault != "ring_wrong_peer":
         script = tmp_path / "snippet.py"
         script.write_text(failure["snippet"])
-        planted = subprocess.run([sys.executable, str(script)], env=child_env(COLLS_FAULTS=fault),
-                                 capture_output=True, text=True, timeout=60)
+        faulty = subprocess.run([sys.executable, str(script)], env=child_env(),
+                                capture_output=True, text=True, timeout=60)
         # the same way: a wrong result fails a check, a crash raises the same exception
         raised = "AssertionError" if failure["kind"] == "wrong result" else str(failure["error"])
-        assert planted.returncode != 0 and raised in planted.stderr + planted.stdout
+        assert faulty.returncode != 0 and raised in faulty.stderr + faulty.stdout
+        # the snippet loads the plugin itself; without those lines it passes
+        assert f"load('{PLANTED}:{fault}')" in failure["snippet"]
+        script.write_text("\n".join(line for line in failure["snippet"].splitlines()
+                                     if "colls.fuzz.plugins" not in line and not line.startswith("load(")))
         clean = subprocess.run([sys.executable, str(script)], env=child_env(), capture_output=True,
                                text=True, timeout=60)
         assert clean.returncode == 0 and "passed" in clean.stdout, clean.stderr
@@ -167,7 +173,7 @@ def test_planted_fault_is_caught_shrunk_and_replayed(fault: str, tmp_path: Path)
 def test_planted_fault_on_shm_processes() -> None:
     result = colls_fuzz("--transport", "shm", "--ranks", "2-5", "--programs", str(MAX_PROGRAMS),
                         "--seed", "7", "--max-bytes", "65536", "--quiet", *KNOWN_BUGS,
-                        COLLS_FAULTS="odd_skip_reduction")
+                        "--plugin", f"{PLANTED}:odd_skip_reduction")
     assert result.returncode == 1, result.stdout + result.stderr
     failure = parse_failure(result.stdout)
     assert failure["collective"] == "reduce" and failure["kind"] == "wrong result"
@@ -189,7 +195,7 @@ def test_a_crash_names_the_rank_and_the_step() -> None:
     # block_boundary makes the ring all-gather copy a block into a slot one element short: ValueError
     program = Program(3, 5, (Step("barrier"), Step("all_gather", algorithm="ring", rows=4)))
     group = make_group("local", 3)
-    with faults.planted("block_boundary"):
+    with planted("block_boundary"):
         verdict = judge(program, group.run(program, 5.0), 5.0)
     primary = verdict.primary
     assert primary is not None and primary["step"] == 1 and primary["kind"] == "crash"

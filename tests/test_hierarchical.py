@@ -19,9 +19,10 @@ from test_sim import ALPHA, BETA, GAMMA, Recording, run_ranks
 
 import colls
 from algorithms import SUM, lookup
+from algorithms.channel import Channel
 from algorithms.hierarchical import Layout, Levels
 from colls.plan.simulate import hierarchical_all_reduce
-from transports.base import COLLECTIVE_TAG_BASE, Channel
+from transports.base import COLLECTIVE_TAG_BASE
 from transports.local import LocalWorld
 from transports.sim import IdealNetwork, SimWorld
 

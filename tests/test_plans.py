@@ -1,7 +1,9 @@
-"""Planned all_reduce (`colls.describe.Plan`): a small call repeated with the same signature skips the
-full checks. These check that it still gives numpy's answer whatever the buffers of each call are,
-falls back to the full checks where the buffers differ in layout, counts its traffic and names
-itself in a timeout."""
+"""Compiled calls: a call repeated with the same signature takes its `Description` (checks, algorithm
+and schedule) from the communicator's cache (`Communicator._describe`). These check that it still
+gives numpy's answer whatever the buffers of each call are, checks what can differ between calls
+(the buffers), counts its traffic, names itself in a timeout, runs what the cache holds, and keeps
+a forced algorithm apart; and the explicit persistent collectives (`all_reduce_init` ...) built on
+the same path."""
 
 from __future__ import annotations
 
@@ -12,7 +14,24 @@ import numpy as np
 import pytest
 
 import colls
-from algorithms import faults
+from algorithms.blocks import Schedule
+from colls.describe import Description
+
+
+def _cached(comm, collective: str) -> dict[tuple, Description]:
+    """The communicator's cached descriptions of `collective`, by signature."""
+    return {key: d for key, d in comm._check.described.items() if key[0] == collective}
+
+
+def _swap(comm, key: tuple, **fields) -> Description:
+    """Replace the cached description of `key` by one with `fields` changed (descriptions are
+    immutable): what later calls of that signature then run."""
+    old = comm._check.described[key]
+    values = {name: getattr(old, name) for name in ("collective", "dtype", "shape", "root", "op", "algorithm",
+                                                    "group", "out_shape", "schedule")}
+    values.update(fields)
+    comm._check.described[key] = new = Description(**values)
+    return new
 
 
 def _every_kind_of_buffer(comm) -> list[bool]:
@@ -32,7 +51,7 @@ def _every_kind_of_buffer(comm) -> list[bool]:
         y = x.copy()
         got = comm.all_reduce(y, op="sum", out=y)               # in place
         ok.append(got is y and np.array_equal(y, want))
-        wide = np.repeat(x, 2, axis=1)[:, ::2]                  # a strided x of the planned shape
+        wide = np.repeat(x, 2, axis=1)[:, ::2]                  # a strided x of the cached shape
         ok.append(np.array_equal(comm.all_reduce(wide, op="sum"), want))
         wide = np.repeat(x, 2, axis=1)[:, ::2]
         got = comm.all_reduce(wide, op="sum", out=wide)         # in place into a strided x
@@ -40,25 +59,25 @@ def _every_kind_of_buffer(comm) -> list[bool]:
         read_only = np.full((3, 4), -1, np.int64)
         read_only.flags.writeable = False
         with pytest.raises(colls.InvalidArgument, match="read-only"):
-            comm.all_reduce(x, op="sum", out=read_only)         # refused though the signature is planned
+            comm.all_reduce(x, op="sum", out=read_only)         # refused though the signature is cached
         with pytest.raises(colls.InvalidArgument, match="read-only"):
             frozen = x.copy()
             frozen.flags.writeable = False
             comm.all_reduce(frozen, op="sum", out=frozen)       # in place into a read-only x: refused too
         ok.append(np.array_equal(comm.all_reduce(x.astype(np.float64), op="avg"), want / comm.size))
     ok.append(comm.stats()["all_reduce"]["calls"] == 14)
-    ok.append(len(comm._check.plans) >= 2)   # (sum, int64, (3, 4)) and (avg, float64, (3, 4))
+    ok.append(len(_cached(comm, "all_reduce")) >= 2)   # (sum, int64, (3, 4)) and (avg, float64, (3, 4))
     return ok
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
-def test_planned_calls_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+def test_cached_calls_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     for rank, checks in enumerate(colls.spawn(_every_kind_of_buffer, size, transport=transport, timeout=60)):
         assert all(checks), (rank, checks)
 
 
-def test_a_user_op_is_not_planned():
+def test_a_user_op_is_not_cached():
     """A user's Op may change between calls, so its calls always take the full checks."""
     def body(comm):
         op = colls.Op(np.add, commutative=True)
@@ -66,13 +85,13 @@ def test_a_user_op_is_not_planned():
             comm.all_reduce(np.ones(2), op=op)
             comm.reduce_scatter(np.ones(2), op=op)
             comm.reduce(np.ones(2), op=op)
-        return len(comm._check.plans) + len(comm._check.block_plans)
+        return len(comm._check.described)
 
     assert colls.spawn(body, 2, transport="local") == [0, 0]
 
 
 def _second_call_alone(comm, collective: str) -> str | None:
-    """Both ranks make call #0; only rank 0 makes call #1, the same signature, so it runs planned."""
+    """Both ranks make call #0; only rank 0 makes call #1, the same signature, so it runs cached."""
     getattr(comm, collective)(np.ones(4))
     if comm.rank == 1:
         time.sleep(1.5)
@@ -88,13 +107,13 @@ def _second_call_alone(comm, collective: str) -> str | None:
                                               ("all_to_all", "(pairwise, 4 x float64)"),
                                               ("reduce_scatter", "(pairwise, 4 x float64, SUM)"),
                                               ("reduce", "(binomial, 4 x float64, SUM, root 0)")])
-def test_a_planned_call_names_itself_in_a_timeout(transport, collective, label):
+def test_a_cached_call_names_itself_in_a_timeout(transport, collective, label):
     message = colls.spawn(_second_call_alone, 2, transport=transport, args=(collective,), timeout=10.0)[0]
     assert f"{collective} #1 {label}" in message and "rank 0" in message, message
 
 
-def test_a_bad_op_is_still_named_once_a_signature_is_planned():
-    """An unhashable op must get the usual InvalidArgument, not a TypeError from the plan lookup."""
+def test_a_bad_op_is_still_named_once_a_signature_is_cached():
+    """An unhashable op must get the usual InvalidArgument, not a TypeError from the cache lookup."""
     def body(comm):
         x = np.ones(3)
         comm.all_reduce(x, op="sum")
@@ -106,25 +125,27 @@ def test_a_bad_op_is_still_named_once_a_signature_is_planned():
     assert colls.spawn(body, 2, transport="local") == [True, True]
 
 
-def _planned_exchanges(comm) -> tuple:
-    """Which exchanges the plan of a small sum holds, and whether a float sum still agrees bitwise."""
+def _compiled_exchanges(comm) -> tuple:
+    """Which exchanges the compiled schedule of a small sum holds, and whether a float sum still
+    agrees bitwise."""
     x = np.linspace(0.1, 1.7, 5, dtype=np.float32) * (comm.rank + 1)
     first = comm.all_reduce(x, op="sum")
-    again = comm.all_reduce(x, op="sum")   # planned
-    plan = next(iter(comm._check.plans.values()))
-    peers = None if plan.exchanges is None else [peer for peer, _ in plan.exchanges]
+    again = comm.all_reduce(x, op="sum")   # cached
+    description = next(iter(_cached(comm, "all_reduce").values()))
+    schedule = description.schedule
+    peers = None if schedule is None else [step.dst for step in schedule.steps]
     return peers, first.tobytes(), again.tobytes()
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_a_plan_runs_recursive_doublings_exchanges_itself_where_they_are_all_it_does(size):
-    results = colls.spawn(_planned_exchanges, size, transport="shm", timeout=60)
+def test_recursive_doubling_compiles_to_its_exchanges_where_they_are_all_it_does(size):
+    results = colls.spawn(_compiled_exchanges, size, transport="shm", timeout=60)
     for rank, (peers, first, again) in enumerate(results):
         # partners rank XOR 1, XOR 2, ... (recursive doubling); of 3 ranks, 0 and 1 fold into one
-        # (their plan runs the algorithm) and rank 2 only exchanges with rank 1
+        # (they run the algorithm) and rank 2 only exchanges with rank 1
         want = {3: {0: None, 1: None, 2: [1]}}.get(size, {r: [r ^ 1, r ^ 2][:size // 2] for r in range(size)})
         assert peers == want[rank], (rank, peers)
-        assert again == first == results[0][1]   # the same bits on every rank, planned or not
+        assert again == first == results[0][1]   # the same bits on every rank, cached or not
     want = sum(np.linspace(0.1, 1.7, 5, dtype=np.float32) * (r + 1) for r in range(size))
     np.testing.assert_allclose(np.frombuffer(results[0][1], np.float32), want, rtol=1e-6)
 
@@ -133,14 +154,10 @@ _LATE_CASES = (("sum", np.float64), ("max", np.int8), ("prod", np.int32), ("bxor
                ("sum", np.complex64), ("min", np.float16))
 
 
-def _planned_with_late_peers(comm, calls: int) -> tuple[list[bool], int]:
-    """Planned calls of several signatures in turn, one rank or another arriving late to some, so
-    that shm's persistent exchange gives up its short spin and waits the general way; each call's
-    result against numpy's, and how many receives took the general way here."""
-    general = []
-    for name in ("irecv", "irecv_reduce"):   # counted, then passed on unchanged
-        method = getattr(comm.transport, name)
-        setattr(comm.transport, name, lambda *a, _method=method: (general.append(1), _method(*a))[1])
+def _cached_with_late_peers(comm, calls: int) -> list[bool]:
+    """Cached calls of several signatures in turn, one rank or another arriving late to some, so
+    that a transport's short spin gives up and waits the general way; each call's result against
+    numpy's."""
     rng = np.random.default_rng(7)   # the same draws on every rank
     ok = []
     for call in range(calls):
@@ -153,18 +170,15 @@ def _planned_with_late_peers(comm, calls: int) -> tuple[list[bool], int]:
             time.sleep(0.01 + 0.01 * rng.random())
         got = comm.all_reduce(values[comm.rank], op=op)
         ok.append(got.dtype == dtype and np.array_equal(got, want))
-    return ok, len(general)
+    return ok
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_a_planned_exchange_gives_numpys_answer_when_its_peer_is_late(size):
-    """A planned small all_reduce moves its messages through the slots with views made once
-    (`ShmTransport.persistent_exchange`); a peer that comes late sends it the general way mid-call."""
-    results = colls.spawn(_planned_with_late_peers, size, transport="shm", args=(60,), timeout=90)
-    for rank, (ok, _) in enumerate(results):
+def test_a_compiled_exchange_gives_numpys_answer_when_its_peer_is_late(size):
+    results = colls.spawn(_cached_with_late_peers, size, transport="shm", args=(60,), timeout=90)
+    for rank, ok in enumerate(results):
         assert all(ok), (rank, [call for call, good in enumerate(ok) if not good])
-    assert any(general for _, general in results), "no receive ever waited the general way"
 
 
 def _blocks_every_kind_of_buffer(comm) -> list[bool]:
@@ -196,18 +210,18 @@ def _blocks_every_kind_of_buffer(comm) -> list[bool]:
         read_only = np.full(x.shape, -1, np.int32)
         read_only.flags.writeable = False
         with pytest.raises(colls.InvalidArgument, match="read-only"):
-            comm.all_to_all(x, out=read_only)                                   # refused once planned too
+            comm.all_to_all(x, out=read_only)                                   # refused once cached too
         with pytest.raises(colls.InvalidArgument, match="shape"):
             comm.all_gather(x, out=np.empty((gathered.shape[0] + 1, 3), np.int32))   # a wrong out: named
     stats = comm.stats()
     ok.append(stats["all_gather"]["calls"] == 8 and stats["all_to_all"]["calls"] == 8)
-    ok.append(len(comm._check.block_plans) >= 2)
+    ok.append(len(_cached(comm, "all_gather")) + len(_cached(comm, "all_to_all")) >= 2)
     return ok
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
-def test_planned_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+def test_cached_all_gather_and_all_to_all_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_blocks_every_kind_of_buffer, size, transport)
 
 
@@ -234,13 +248,13 @@ def _reduce_scatter_every_kind_of_buffer(comm) -> list[bool]:
         with pytest.raises(colls.InvalidArgument, match="shape"):
             comm.reduce_scatter(x, out=np.empty((3, 3), np.int32))          # a wrong out: named
     ok.append(comm.stats()["reduce_scatter"]["calls"] == 10)
-    ok.append(sum(key[0] == "reduce_scatter" for key in comm._check.block_plans) == 2)
+    ok.append(len(_cached(comm, "reduce_scatter")) == 2)
     return ok
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
-def test_planned_reduce_scatters_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+def test_cached_reduce_scatters_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_reduce_scatter_every_kind_of_buffer, size, transport)
 
 
@@ -273,20 +287,20 @@ def _reduce_every_kind_of_buffer(comm) -> list[bool]:
                 with pytest.raises(colls.InvalidArgument, match="shape"):
                     comm.reduce(x, root=root, out=np.empty((3, 3), np.int32))   # a wrong out: named
     ok.append(comm.stats()["reduce"]["calls"] == 10 * n)
-    ok.append(sum(key[0] == "reduce" for key in comm._check.block_plans) == 2 * n)
+    ok.append(len(_cached(comm, "reduce")) == 2 * n)
     return ok
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
-def test_planned_reduces_give_numpys_answer_for_every_kind_of_buffer(transport, size):
+def test_cached_reduces_give_numpys_answer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_reduce_every_kind_of_buffer, size, transport)
 
 
-def _persistent_blocks_with_late_peers(comm, calls: int) -> tuple:
-    """Planned small all_gathers and all_to_alls, one rank or another late to some (so a persistent
-    exchange gives up its short spin and waits the general way): each result against numpy's, and
-    whether each plan holds its steps' exchanges made persistent."""
+def _compiled_blocks_with_late_peers(comm, calls: int) -> tuple:
+    """Cached small all_gathers and all_to_alls, one rank or another late to some: each result
+    against numpy's, and whether each compiled schedule sends every step to the peer it receives
+    from."""
     rng = np.random.default_rng(11)   # the same draws on every rank
     n, ok = comm.size, []
     for call in range(calls):
@@ -298,22 +312,24 @@ def _persistent_blocks_with_late_peers(comm, calls: int) -> tuple:
         ok.append(np.array_equal(comm.all_gather(x), np.concatenate(everyone)))
         ok.append(np.array_equal(comm.all_to_all(x), np.concatenate([e[2 * comm.rank:2 * comm.rank + 2]
                                                                      for e in everyone])))
-    plans = comm._check.block_plans
-    held = [plans[c, np.dtype(np.int64), (2 * n,), None].exchanges is not None
-            for c in ("all_gather", "all_to_all")]
+    described = comm._check.described
+    held = []
+    for collective in ("all_gather", "all_to_all"):
+        schedule = described[collective, None, np.dtype(np.int64), (2 * n,), None, None].schedule
+        held.append(schedule is not None and all(step.dst == step.src for step in schedule.steps))
     return ok, held
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size,held", [(2, [True, True]), (4, [True, False])])
-def test_small_planned_block_schedules_exchange_persistently_and_right(transport, size, held, monkeypatch):
+def test_small_compiled_block_schedules_are_right_with_late_peers(transport, size, held, monkeypatch):
     # recursive doubling's partners are paired at every step; pairwise's only at 2 ranks
     monkeypatch.setenv("COLLS_ALGO", "all_gather:recursive_doubling;all_to_all:pairwise")
-    for rank, (ok, planned) in enumerate(colls.spawn(_persistent_blocks_with_late_peers, size,
-                                                     transport=transport, args=(40,), timeout=90)):
+    for rank, (ok, paired) in enumerate(colls.spawn(_compiled_blocks_with_late_peers, size,
+                                                    transport=transport, args=(40,), timeout=90)):
         assert all(ok), (rank, [call for call, good in enumerate(ok) if not good])
-        assert planned == held
+        assert paired == held
 
 
 def _every_check_holds(fn, size: int, transport: str) -> None:
@@ -325,39 +341,16 @@ def _every_check_holds(fn, size: int, transport: str) -> None:
 @pytest.mark.parametrize("pinned", ["all_gather:ring;all_to_all:pairwise",
                                     "all_gather:recursive_doubling;all_to_all:direct"])
 @pytest.mark.parametrize("size", [3, 4, 5, 8])
-def test_planned_schedules_give_numpys_answer_at_every_group_size(pinned, size, monkeypatch):
-    """The planned path runs ring and recursive-doubling all_gather and pairwise all_to_all from
-    their schedules (recursive doubling only at powers of two) at more ranks than two."""
+def test_compiled_schedules_give_numpys_answer_at_every_group_size(pinned, size, monkeypatch):
+    """Ring and recursive-doubling all_gather and pairwise all_to_all run from their compiled
+    schedules (recursive doubling only at powers of two) at more ranks than two."""
     monkeypatch.setenv("COLLS_ALGO", pinned)
     _every_check_holds(_blocks_every_kind_of_buffer, size, "local")
 
 
-def _fault_after_plan(comm) -> str:
-    """A ring all_gather planned, then `block_boundary` planted (the fuzzer's own test fault): the
-    planned call must run the faulty algorithm, not the schedule made before."""
-    x = np.arange(4, dtype=np.int32)
-    comm.all_gather(x)
-    comm.barrier()
-    try:
-        with faults.planted("block_boundary"):
-            comm.all_gather(x)
-    except colls.CollsError as error:
-        return type(error).__name__
-    except ValueError:
-        return "ValueError"
-    return "no error"
-
-
-def test_a_fault_planted_after_a_plan_is_not_skipped(monkeypatch):
-    monkeypatch.setenv("COLLS_ALGO", "all_gather:ring")
-    # processes, not the local transport's threads: each rank plants and removes the fault in its own
-    results = colls.spawn(_fault_after_plan, 3, transport="shm", timeout=30)
-    assert "no error" not in results and "ValueError" in results, results
-
-
 def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
     """Broadcasts of one shape from two roots, three times each, with each kind of `out`: the later
-    calls run planned (one plan per root), and give what the first did."""
+    calls run cached (one description per root), and give what the first did."""
     x = np.arange(12, dtype=np.int64).reshape(4, 3) + 100 * comm.rank
     ok = []
     for root in (0, comm.size - 1):
@@ -379,23 +372,21 @@ def _broadcasts_every_kind_of_buffer(comm) -> list[bool]:
             with pytest.raises(colls.InvalidArgument, match="read-only"):
                 comm.broadcast(frozen, root=root, out=frozen)   # in place, read-only: refused on every rank
             with pytest.raises(colls.InvalidArgument, match="root"):
-                comm.broadcast(x, root=comm.size)              # a bad root: named, planned or not
+                comm.broadcast(x, root=comm.size)              # a bad root: named, cached or not
     ok.append(comm.stats()["broadcast"]["calls"] == 24)
-    ok.append(sorted(root for _, _, root, _ in comm._check.broadcast_plans) == sorted({0, comm.size - 1}))
+    ok.append(sorted(key[4] for key in _cached(comm, "broadcast")) == sorted({0, comm.size - 1}))
     return ok
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [1, 2, 3])
-def test_planned_broadcasts_give_the_roots_buffer_for_every_kind_of_buffer(transport, size):
+def test_cached_broadcasts_give_the_roots_buffer_for_every_kind_of_buffer(transport, size):
     _every_check_holds(_broadcasts_every_kind_of_buffer, size, transport)
 
 
-def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
-    """After one call each, the plans' algorithms (or the schedules they hold) are swapped for
-    recording ones: later calls of the same signature must run them (and still be right)."""
-    from dataclasses import replace
-
+def _later_calls_take_the_cached_description(comm) -> tuple[list[str], list[bool]]:
+    """After one call each, the cached descriptions' algorithms (or the schedules they hold) are
+    swapped for recording ones: later calls of the same signature must run them (and be right)."""
     ran, scheduled = [], []
 
     class Recording(tuple):
@@ -408,34 +399,36 @@ def _later_calls_take_the_plan(comm) -> tuple[list[str], list[bool]]:
     x = np.arange(4 * comm.size, dtype=np.float32) + comm.rank
     for collective in ("all_gather", "all_to_all"):
         getattr(comm, collective)(x)
-        plan = comm._check.block_plans[(collective, x.dtype, x.shape, None)]
-        run = plan.algorithm.run
+        key = (collective, None, x.dtype, x.shape, None, None)
+        cached = comm._check.described[key]
+        run = cached.algorithm.run
 
         def recording(*args, run=run, collective=collective):
             ran.append(collective)
             return run(*args)
 
-        plan.algorithm = replace(plan.algorithm, run=recording)
-        scheduled.append(plan.schedule is not None)
-        if plan.schedule is not None:   # the schedule runs, not the algorithm's function
-            steps = Recording(plan.schedule.steps)
+        schedule = cached.schedule
+        scheduled.append(schedule is not None)
+        if schedule is not None:   # the schedule runs, not the algorithm's function
+            steps = Recording(schedule.steps)
             steps.name = collective
-            plan.schedule = plan.schedule._replace(steps=steps)
+            schedule = Schedule(schedule.copy_from, schedule.copy_to, steps)
+        _swap(comm, key, algorithm=replace(cached.algorithm, run=recording), schedule=schedule)
     want = np.concatenate([np.arange(4 * comm.size, dtype=np.float32) + r for r in range(comm.size)])
     assert np.array_equal(comm.all_gather(x), want)
     assert np.array_equal(comm.all_to_all(x), want.reshape(comm.size, -1)[:, 4 * comm.rank:4 * comm.rank + 4]
                           .reshape(-1))
-    comm.all_gather(x, algorithm="ring")   # a forced algorithm: a plan of its own, not this one
+    comm.all_gather(x, algorithm="ring")   # a forced algorithm: a description of its own, not this one
     return ran, scheduled
 
 
 @pytest.mark.parametrize("pinned, scheduled", [("all_gather:ring;all_to_all:pairwise", True),
                                                ("all_gather:bruck;all_to_all:direct", False)])
-def test_later_calls_of_a_signature_run_the_planned_algorithm(pinned, scheduled, monkeypatch):
-    """Ring and pairwise are planned as their schedules (copy and exchanges worked out once), the
-    others as their functions; either way a later call runs what the plan holds."""
-    monkeypatch.setenv("COLLS_ALGO", pinned)   # chosen, not forced by `algorithm=`: planned
-    assert colls.spawn(_later_calls_take_the_plan, 2, transport="shm", timeout=30) == [
+def test_later_calls_of_a_signature_run_the_cached_description(pinned, scheduled, monkeypatch):
+    """Ring and pairwise compile to their schedules (copy and exchanges worked out once), the
+    others run their functions; either way a later call runs what the cache holds."""
+    monkeypatch.setenv("COLLS_ALGO", pinned)   # chosen, not forced by `algorithm=`
+    assert colls.spawn(_later_calls_take_the_cached_description, 2, transport="shm", timeout=30) == [
         (["all_gather", "all_to_all"], [scheduled, scheduled])] * 2
 
 
@@ -444,9 +437,10 @@ _FORCED = (("all_reduce", "ring"), ("broadcast", "pipeline"), ("reduce", "ring")
            ("reduce_scatter", "recursive_halving"), ("all_gather", "bruck"), ("all_to_all", "direct"))
 
 
-def _forced_calls_are_planned_under_their_name(comm) -> list:
+def _forced_calls_are_cached_under_their_name(comm) -> list:
     """Calls that force an algorithm, three times each, beside unforced ones of the same signature:
-    the forced ones' later calls run the forced algorithm from a plan of its own, right each time."""
+    the forced ones' later calls run the forced algorithm from a description of its own, right
+    each time."""
     n, rank = comm.size, comm.rank
     x = np.arange(4 * n, dtype=np.int64) + 100 * rank
     every = [np.arange(4 * n, dtype=np.int64) + 100 * r for r in range(n)]
@@ -461,29 +455,125 @@ def _forced_calls_are_planned_under_their_name(comm) -> list:
             got = call(x, algorithm=algorithm)
             found.append(want[collective] is None and got is None or np.array_equal(got, want[collective]))
             if algorithm is not None and (not ran or ran[-1][0] != collective):
-                # the first forced call made a plan under the forced name: record what its later calls run
-                plans = {**comm._check.plans, **comm._check.block_plans, **comm._check.broadcast_plans}
-                plan = next(p for key, p in plans.items() if key[-1] == forced and p.collective == collective)
-                run = plan.algorithm.run
+                # the first forced call cached a description under the forced name: record what
+                # its later calls run
+                key = next(key for key in _cached(comm, collective) if key[-1] == forced)
+                cached = comm._check.described[key]
+                run = cached.algorithm.run
 
-                def recording(*args, run=run, collective=collective, name=plan.algorithm.name):
+                def recording(*args, run=run, collective=collective, name=cached.algorithm.name):
                     ran.append((collective, name))
                     return run(*args)
 
-                plan.algorithm = replace(plan.algorithm, run=recording)
-                plan.exchanges = plan.schedule = None   # run the algorithm's function, not a schedule
-                ran.append((collective, "planned"))
+                # run the algorithm's function, not a schedule
+                _swap(comm, key, algorithm=replace(cached.algorithm, run=recording), schedule=None)
+                ran.append((collective, "cached"))
     return found, ran
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("size", [2, 3])
-def test_a_forced_algorithm_is_planned_under_its_own_name(transport, size):
-    """`algorithm=` calls are planned as the selector's are (2 ranks, shm, 8 B in a loop, 2026-12-05:
-    all_reduce 7.8 -> 4.8 us, all_to_all 9.1 -> 5.8, broadcast 6.0 -> 4.1), each forced name apart."""
-    for found, ran in colls.spawn(_forced_calls_are_planned_under_their_name, size, transport=transport,
+def test_a_forced_algorithm_is_cached_under_its_own_name(transport, size):
+    """`algorithm=` calls are cached as the selector's are, each forced name apart."""
+    for found, ran in colls.spawn(_forced_calls_are_cached_under_their_name, size, transport=transport,
                                   timeout=90):
         assert all(found)
         assert ran == [entry for collective, forced in _FORCED
-                       for entry in ((collective, "planned"), (collective, forced), (collective, forced))]
+                       for entry in ((collective, "cached"), (collective, forced), (collective, forced))]
+
+
+# -- persistent collectives -----------------------------------------------------------------------
+
+def _persistent_of_every_kind(comm) -> list[bool]:
+    """Each persistent collective made once, then run several times by start/wait and by call,
+    with the input changed between runs: each run reads the input anew and lands in the same out."""
+    n, rank = comm.size, comm.rank
+    x = np.zeros((2 * n, 3), np.int64)
+    summed = np.empty_like(x)
+    gathered = np.empty((2 * n * n, 3), np.int64)
+    handles = {
+        "all_reduce": comm.all_reduce_init(x, out=summed),
+        "broadcast": comm.broadcast_init(x, root=n - 1),
+        "all_gather": comm.all_gather_init(x, out=gathered),
+        "reduce_scatter": comm.reduce_scatter_init(x, op="max"),
+        "all_to_all": comm.all_to_all_init(x),
+    }
+    ok = []
+    for run in range(4):
+        every = [np.arange(6 * n, dtype=np.int64).reshape(2 * n, 3) * (r + 1) + run for r in range(n)]
+        x[...] = every[rank]
+        want = {"all_reduce": np.sum(every, axis=0), "broadcast": every[n - 1],
+                "all_gather": np.concatenate(every),
+                "reduce_scatter": np.max(every, axis=0)[2 * rank:2 * rank + 2],
+                "all_to_all": np.concatenate([e[2 * rank:2 * rank + 2] for e in every])}
+        if run % 2:
+            results = {name: handle() for name, handle in handles.items()}
+        else:
+            for handle in handles.values():
+                handle.start()
+            results = {name: handle.wait() for name, handle in handles.items()}
+        ok += [np.array_equal(results[name], want[name]) for name in handles]
+        ok.append(results["all_reduce"] is summed and results["all_gather"] is gathered)
+        ok.append(all(handle.is_completed() for handle in handles.values()))
+    ok.append(comm.stats()["all_reduce"]["calls"] == 4)
+    return ok
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_persistent_collectives_read_their_input_at_each_start(transport, size):
+    _every_check_holds(_persistent_of_every_kind, size, transport)
+
+
+def _persistent_in_order(comm) -> list[bool]:
+    """A persistent all_reduce started between blocking and async calls runs in issue order."""
+    x = np.full(4, comm.rank + 1.0)
+    handle = comm.all_reduce_init(x, op="max")
+    before = comm.all_reduce(np.ones(3), async_op=True)
+    handle.start()
+    after = comm.broadcast(np.full(2, float(comm.rank)), root=0)
+    return [np.array_equal(before.wait(), np.full(3, comm.size)),
+            np.array_equal(handle.wait(), np.full(4, comm.size)),
+            np.array_equal(after, np.zeros(2))]
+
+
+def test_persistent_starts_keep_issue_order_with_other_calls():
+    _every_check_holds(_persistent_in_order, 3, "local")
+
+
+def _persistent_errors(comm) -> list[str]:
+    """What a persistent request refuses, and when."""
+    seen = []
+    x = np.ones(4)
+    for bad in (lambda: comm.all_reduce_init(x, out=np.empty(5)),
+                lambda: comm.all_reduce_init(x, op="nonsense"),
+                lambda: comm.broadcast_init(x, root=comm.size),
+                lambda: comm.reduce_scatter_init(np.ones(comm.size + 1) if comm.size > 1 else None),
+                lambda: comm.all_to_all_init(x, timeout=-1)):
+        try:
+            bad()
+        except colls.InvalidArgument as error:
+            seen.append(str(error))
+    handle = comm.all_reduce_init(x)
+    with pytest.raises(colls.InvalidArgument, match="not started"):
+        handle.wait()
+    handle.start()
+    with pytest.raises(colls.InvalidArgument, match="not waited"):
+        handle.start()
+    with pytest.raises(colls.InvalidArgument, match="not waited"):
+        handle()
+    handle.wait()
+    comm.barrier()
+    comm.close()
+    with pytest.raises(colls.InvalidArgument, match="closed"):
+        handle()
+    return seen
+
+
+def test_persistent_requests_check_once_at_init_and_refuse_misuse():
+    for rank, seen in enumerate(colls.spawn(_persistent_errors, 2, transport="local")):
+        assert len(seen) == 5, seen
+        assert all(message.startswith(f"rank {rank}: ") for message in seen), seen
+        assert "out has shape (5,)" in seen[0] and "op must be" in seen[1] and "root=2" in seen[2]
+        assert "axis 0 of x" in seen[3] and "timeout" in seen[4]

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from algorithms import CATALOGUE, SUM, lookup
+from algorithms.channel import Channel
 from algorithms.cost import Machine, predict
 from colls.plan.simulate import arguments, run_algorithm, simulate, simulate_hierarchical
 from colls.plan.topology import Cluster
-from transports.base import COLLECTIVE_TAG_BASE, Channel, Transport
+from transports.base import COLLECTIVE_TAG_BASE, Transport
 from transports.local import LocalWorld
 from transports.sim import IdealNetwork, SimulationFailed, SimWorld, symbolic
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transports.base import Channel
+from algorithms.channel import Channel
 
 from . import buffers
 from .buffers import BOTTOM, is_in_place, simple, vector

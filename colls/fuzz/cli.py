@@ -8,8 +8,9 @@ import secrets
 import subprocess
 import sys
 
-from algorithms import CATALOGUE, faults
+from algorithms import CATALOGUE
 
+from .. import config
 from .execute import REGISTERED_VARIABLE
 from .program import COLLECTIVES, MAX_BYTES, MODES, Program, Space
 
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registered", action="store_true",
                         help="every call's buffers in registered memory (colls.alloc); with "
                              "COLLS_SHM_MAPPED_BYTES small, shm moves the fuzzer's small messages mapped")
+    parser.add_argument("--plugin", action="append", default=[], metavar="PATH[:ARG]",
+                        help="load this Python file or module first (its setup(ARG) called), e.g. the "
+                             "test suite's planted faults; the replay line and snippet load it too")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -106,24 +110,33 @@ def _argv(args: argparse.Namespace) -> list[str]:
             argv += [f"--{name}", *getattr(args, name)]
     for pair in args.skip:
         argv += ["--skip", pair]
+    for spec in args.plugin:
+        argv += ["--plugin", spec]
     return argv + (["--quiet"] if args.quiet else []) + (["--registered"] if args.registered else [])
 
 
-def replay_command(transport: str, program: Program) -> str:
-    """The command line that reruns `program` exactly."""
-    prefix = f"COLLS_FAULTS={','.join(sorted(faults.ACTIVE))} " if faults.ACTIVE else ""
-    if os.environ.get(REGISTERED_VARIABLE) == "1":
+def replay_command(transport: str, program: Program, plugins: list[str] = ()) -> str:
+    """The command line that reruns `program` exactly (loading the same `plugins`)."""
+    prefix = ""
+    if config.get(REGISTERED_VARIABLE):
         names = (REGISTERED_VARIABLE, "COLLS_SHM_MAPPED_BYTES")
-        prefix += " ".join(f"{name}={os.environ[name]}" for name in names if name in os.environ) + " "
+        prefix += " ".join(f"{name}={config.get(name)}" for name in names if config.is_set(name)) + " "
     launch = f"mpiexec -n {program.size} " if transport == "mpi" else ""
-    return f"{prefix}{launch}colls fuzz --transport {transport} --replay {program.token()}"
+    loads = "".join(f"--plugin {spec} " for spec in plugins)
+    return f"{prefix}{launch}colls fuzz {loads}--transport {transport} --replay {program.token()}"
 
 
 def fuzz_command(args: argparse.Namespace) -> int:
     """Run a session (or one replay) and return the exit status: 0 passed, 1 failed."""
     from ..bootstrap import under_mpiexec
+    from .plugins import load
 
     transport = args.transport or ("mpi" if under_mpiexec() else "local")
+    try:
+        for spec in args.plugin:   # before any group exists: forked ranks inherit what it did
+            load(spec)
+    except ValueError as error:
+        args.parser.error(str(error))
     if args.registered:   # read by every rank's executor (forked, or started by mpiexec with it)
         os.environ[REGISTERED_VARIABLE] = "1"
     world = None
@@ -167,7 +180,7 @@ def _replay(group, transport: str, program: Program, args: argparse.Namespace) -
     if not verdict.ok:
         print(describe_failure(verdict))
         print()
-        print(render(program, transport, faults.ACTIVE, "replayed program").rstrip())
+        print(render(program, transport, args.plugin, "replayed program").rstrip())
     return 0 if verdict.ok else EXIT_FAILED
 
 
@@ -179,8 +192,8 @@ def _fuzz(group, transport: str, space: Space, args: argparse.Namespace, ranks: 
     seed = args.seed if args.seed is not None else secrets.randbelow(1 << 31)
     seconds = args.seconds if args.seconds is not None or args.programs is not None else 60.0
     budget = f"{args.programs} programs" if args.programs is not None else f"{seconds:g} s"
-    planted = f"; planted faults: {','.join(sorted(faults.ACTIVE))}" if faults.ACTIVE else ""
-    print(f"colls fuzz: {transport}, {ranks} ranks, seed {seed}, {budget}{planted}", flush=True)
+    plugins = f"; plugins: {' '.join(args.plugin)}" if args.plugin else ""
+    print(f"colls fuzz: {transport}, {ranks} ranks, seed {seed}, {budget}{plugins}", flush=True)
     progress = Progress(transport, quiet=args.quiet)
     session = Session(group, space, seed=seed, programs=args.programs, seconds=seconds,
                       deadline_s=args.deadline, shrink_seconds=args.shrink_seconds, on_progress=progress)
@@ -191,8 +204,8 @@ def _fuzz(group, transport: str, space: Space, args: argparse.Namespace, ranks: 
         return 0
     headline = f"colls fuzz on {transport}, seed {seed}: {found.verdict.primary['kind']}"
     print()
-    print(failure_story(found, transport, render(found.program, transport, faults.ACTIVE, headline),
-                        replay_command(transport, found.program)))
+    print(failure_story(found, transport, render(found.program, transport, args.plugin, headline),
+                        replay_command(transport, found.program, args.plugin)))
     sys.stdout.flush()
     return EXIT_FAILED
 

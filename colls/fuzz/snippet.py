@@ -6,6 +6,7 @@ them from the seed) and the same checks (`verify` against the numpy oracle's `ex
 
 from __future__ import annotations
 
+from .plugins import snippet_lines
 from .program import INVALID, ROOTED, Program, Step, split_colors
 
 
@@ -129,9 +130,9 @@ def _waits(pending: list[tuple[int, int, Step]]) -> list[str]:
     return lines
 
 
-def render(program: Program, transport: str, faults: frozenset[str] = frozenset(),
-           headline: str = "") -> str:
-    """The program as a runnable script for `transport` (mpi: to start under mpiexec)."""
+def render(program: Program, transport: str, plugins: list[str] = (), headline: str = "") -> str:
+    """The program as a runnable script for `transport` (mpi: to start under mpiexec), loading
+    the fuzzer's `plugins` first (`colls.fuzz.plugins`)."""
     body: list[str] = []
     pending: list[tuple[int, int, Step]] = []
     splits = 0
@@ -177,12 +178,9 @@ def render(program: Program, transport: str, faults: frozenset[str] = frozenset(
     else:
         lines_import = []
     header = [f"# {headline}" if headline else "# colls fuzz: a collective program"]
-    if faults:
-        header.append(f"# run with COLLS_FAULTS={','.join(sorted(faults))} in the environment "
-                      f"(planted faults)")
     if transport == "mpi":
         header.append(f"# run: mpiexec -n {program.size} python this_file.py")
-    lines = [*header, "import colls", *lines_import,
+    lines = [*header, *snippet_lines(list(plugins)), "import colls", *lines_import,
              f"from colls.fuzz.oracle import {', '.join(sorted(names))}"]
     if "split_colors(" in text:
         lines.append("from colls.fuzz.program import split_colors")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic
+from algorithms.channel import Channel
+from transports.base import COLLECTIVE_TAG_BASE, Traffic
 from transports.sim import IdealNetwork, SimTransport, SimWorld, symbolic
 
 from .topology import Cluster

@@ -18,8 +18,9 @@ import numpy as np
 
 from algorithms import SUM, lookup
 from algorithms.blocks import offsets
+from algorithms.channel import Channel
 from algorithms.hierarchical import Layout, Levels
-from transports.base import COLLECTIVE_TAG_BASE, Channel, Traffic
+from transports.base import COLLECTIVE_TAG_BASE, Traffic
 from transports.sim import SimTransport, SimWorld, symbolic
 
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
