@@ -146,9 +146,28 @@ def add_plan(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=plan_command, parser=parser)
 
 
+def add_config(subparsers: argparse._SubParsersAction) -> None:
+    """`colls config [--markdown]`: the COLLS_* variables, their values here, or their docs page."""
+    parser = subparsers.add_parser(
+        "config", help="show every COLLS_* variable's value here (or --markdown: the docs page)",
+        description="Print every COLLS_* environment variable colls reads with its value in this "
+                    "environment (* marks those set), after checking each one set; with --markdown, "
+                    "the page docs/configuration.md.")
+    parser.add_argument("--markdown", action="store_true", help="print the docs page instead")
+    parser.set_defaults(handler=config_command, parser=parser)
+
+
+def config_command(args: argparse.Namespace) -> int:
+    """Print the variables (or the page); 1 when one set in the environment does not parse."""
+    from . import config
+
+    return config.main(["--markdown"] if args.markdown else [])
+
+
 # Only implemented subcommands appear here.
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (add_run, add_tune, add_fuzz,
-                                                                         add_train, add_bench, add_plan)
+                                                                         add_train, add_bench, add_plan,
+                                                                         add_config)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """What a rank did, for diagnosing a hang or a mismatch after the fact.
 
 COLLS_DEBUG=1 prints one line per call to stderr (call, algorithm, bytes, time) and turns on the
-fingerprint check of `colls.fingerprint`. COLLS_TRACE=FILE keeps the last COLLS_TRACE_DEPTH (100)
+fingerprint check of `colls.fingerprint`. COLLS_TRACE=FILE keeps the last TRACE_KEPT (100)
 calls of each rank in memory and writes them to FILE.<rank> when a call fails, so the last thing
 every rank did before a hang or a mismatch can be read side by side.
 """
@@ -14,6 +14,8 @@ from collections import deque
 
 from . import config
 from .describe import Description
+
+TRACE_KEPT = 100   # calls each rank keeps for COLLS_TRACE: enough to line the ranks' last steps up
 
 
 def debug_enabled() -> bool:
@@ -29,7 +31,7 @@ class Tracer:
         self.rank = rank
         self.debug = debug_enabled()
         self.path = config.get("COLLS_TRACE")
-        self.recent: deque[str] = deque(maxlen=config.get("COLLS_TRACE_DEPTH"))
+        self.recent: deque[str] = deque(maxlen=TRACE_KEPT)
         self.active = self.debug or self.path is not None
 
     def finished(self, description: Description, nbytes: int, seconds: float) -> None:

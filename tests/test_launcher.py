@@ -269,7 +269,7 @@ def test_job_environment_and_bad_arguments() -> None:
 def test_cli_lists_only_implemented_commands_and_rejects_a_missing_program() -> None:
     help_text = subprocess.run([sys.executable, "-m", "colls.cli", "--help"], env=child_env(),
                                capture_output=True, text=True).stdout
-    for command in ("run", "tune", "fuzz", "train", "bench", "plan"):
+    for command in ("run", "tune", "fuzz", "train", "bench", "plan", "config"):
         assert f"    {command} " in help_text, command
     assert colls_run("-n", "2").returncode == 2
 
