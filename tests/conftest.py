@@ -44,18 +44,3 @@ def no_tune_file_of_the_machine(tmp_path_factory):
         os.environ.pop("COLLS_TUNE_FILE", None)
     else:
         os.environ["COLLS_TUNE_FILE"] = previous
-
-
-@pytest.fixture(scope="session", autouse=True)
-def slots_never_taken_for_slow():
-    """The tests that say which way a message goes (slots or cross-memory attach) mean the
-    thresholds' way: the shm transport's switch away from slots that copy slowly (a state of the
-    machine, `transports.shm.SLOW_FROM_BYTES`) is off unless a test turns it on itself
-    (tests/test_adaptive.py does)."""
-    previous = os.environ.get("COLLS_SHM_SLOW_SLOT_GBPS")
-    os.environ["COLLS_SHM_SLOW_SLOT_GBPS"] = "0"
-    yield
-    if previous is None:
-        os.environ.pop("COLLS_SHM_SLOW_SLOT_GBPS", None)
-    else:
-        os.environ["COLLS_SHM_SLOW_SLOT_GBPS"] = previous

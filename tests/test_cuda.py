@@ -81,9 +81,9 @@ def test_geometry_gives_each_sender_four_slots_within_a_64th_of_the_device():
 
 
 def test_geometry_refuses_a_chunk_that_is_not_whole_pages():
-    with pytest.raises(TransportError, match="COLLS_CUDA_CHUNK_BYTES"):
+    with pytest.raises(TransportError, match="device_chunk_bytes"):
         device_geometry(2, GiB, slots=4, chunk_bytes=5000)
-    with pytest.raises(TransportError, match="COLLS_CUDA_SLOTS"):
+    with pytest.raises(TransportError, match="device_slots"):
         device_geometry(2, GiB, slots=0, chunk_bytes=1 << 20)
 
 

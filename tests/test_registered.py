@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import colls
-import transports.shm as shm
 from transports import registered
+from transports.shm import ShmOptions, shm_group
+from transports.shm.rendezvous import MAPPED_CACHE
 
 BIG = 1 << 20   # bytes per message: above MAPPED_BYTES, so registered sends go mapped
 
@@ -59,13 +60,14 @@ def test_alloc_names_the_bad_argument(shape, dtype, word):
 def _count_mapped(comm) -> list[int]:
     """Count this rank's receives of registered messages (the transport's own method, wrapped)."""
     count = [0]
-    read = comm.transport._read_mapped
+    memory = comm.transport.peer_memory
+    read = memory.read_mapped
 
     def counted(*args):
         count[0] += 1
         return read(*args)
 
-    comm.transport._read_mapped = counted
+    memory.read_mapped = counted
     return count
 
 
@@ -185,31 +187,36 @@ def _churn(comm, regions: int) -> tuple[bool, int]:
             x[:] = np.arange(x.size) + i
         comm.broadcast(x, root=0, out=x)
         ok = ok and np.array_equal(x, np.arange(x.size) + i)
-        held = max(held, max(len(cache) for cache in comm.transport.peer_regions),
-                   max(len(cache) for cache in comm.transport.peer_targets))
+        held = max(held, max(len(cache) for cache in comm.transport.peer_memory.regions))
         del x
     return ok, held
 
 
 @pytest.mark.timeout(120)
 def test_regions_made_and_freed_in_turn_stay_right_and_the_peers_mappings_stay_bounded():
-    results = colls.spawn(_churn, 2, transport="shm", args=(3 * shm.MAPPED_CACHE,), timeout=90)
+    results = colls.spawn(_churn, 2, transport="shm", args=(3 * MAPPED_CACHE,), timeout=90)
     for rank, (ok, held) in enumerate(results):
         assert ok, rank
-        assert held <= shm.MAPPED_CACHE, (rank, held)
-    assert results[0][1] > 0 and results[1][1] > 0   # rank 1 mapped rank 0's, which helped through 1's
+        assert held <= MAPPED_CACHE, (rank, held)
+    assert results[1][1] > 0   # rank 1 mapped rank 0's regions
 
 
-def _mappable_and_right(comm) -> tuple[bool, bool]:
-    x = colls.alloc(BIG // 4, np.float32)
-    x[:] = comm.rank + 1
-    out = comm.all_reduce(x)
-    return comm.transport.mappable, bool(np.all(out == sum(range(1, comm.size + 1))))
+def _mappable_and_right(comm, map_registered: bool) -> tuple[bool, bool]:
+    transport = shm_group(comm.rank, range(comm.size), comm._exchange,
+                          options=ShmOptions(map_registered=map_registered))
+    group = colls.Communicator(transport)
+    try:
+        x = colls.alloc(BIG // 4, np.float32)
+        x[:] = comm.rank + 1
+        out = group.all_reduce(x)
+        right = bool(np.all(out == sum(range(1, comm.size + 1))))
+        return transport.capabilities.maps_registered_memory, right
+    finally:
+        group.close()
 
 
 @pytest.mark.timeout(60)
-def test_colls_shm_mapped_0_turns_the_mapped_path_off(monkeypatch):
-    monkeypatch.setenv("COLLS_SHM_MAPPED", "0")
-    assert colls.spawn(_mappable_and_right, 2, transport="shm", timeout=30) == [(False, True)] * 2
-    monkeypatch.setenv("COLLS_SHM_MAPPED", "1")
-    assert colls.spawn(_mappable_and_right, 2, transport="shm", timeout=30) == [(True, True)] * 2
+def test_map_registered_false_turns_the_mapped_path_off():
+    for mapped in (False, True):
+        results = colls.spawn(_mappable_and_right, 2, transport="shm", args=(mapped,), timeout=30)
+        assert results == [(mapped, True)] * 2

@@ -99,7 +99,7 @@ def test_a_reduction_of_elements_split_between_slots_is_whole(monkeypatch, mappe
 def test_a_receive_reduces_chunks_cut_anywhere_as_whole_elements():
     """The shm receive's `take` on chunks cut at random bytes (one byte to several elements), as
     numpy reduces the whole message at once."""
-    from transports.shm import _In
+    from transports.shm.fifo import In as _In
 
     rng = np.random.default_rng(5)
     for _ in range(50):

@@ -233,10 +233,10 @@ def test_colls_run_reports_the_killed_rank_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("variable", ["COLLS_SHM_HELP_BYTES", "COLLS_SHM_MAPPED_BYTES", "COLLS_TIMEOUT",
-                                      "COLLS_SHM_SLOTS", "COLLS_SHM_SLOW_SLOT_GBPS", "COLLS_SHM_SPIN_POLLS"])
+@pytest.mark.parametrize("variable", ["COLLS_SHM_MAPPED_BYTES", "COLLS_TIMEOUT", "COLLS_SHM_SLOTS",
+                                      "COLLS_SHM_CHUNK_BYTES"])
 def test_a_tuning_variable_set_empty_is_unset_and_a_bad_one_is_named(variable):
-    """`COLLS_SHM_HELP_BYTES=` (empty) used to stop `import colls` with int()'s bare message."""
+    """A shm variable set empty (`COLLS_SHM_SLOTS=`) used to stop `import colls` with int()'s bare message."""
     script = ("import colls; from colls.communicator import default_timeout; default_timeout(); "
               "print(colls.spawn(lambda c: int(c.all_reduce(1)), 2, transport='shm', timeout=20))")
     env = {**os.environ, variable: ""}

@@ -99,8 +99,7 @@ class Transport(ABC):
         """Receive from `peer` into `buf` (combined into it by `reducer` when given) and wait for it:
         a posted receive and `wait_all`, which a transport may do faster (shm: a message below its
         rendezvous size is taken straight out of its slots)."""
-        self.wait_all([self.irecv(buf, peer, tag) if reducer is None
-                       else self.irecv_reduce(buf, peer, tag, reducer)], deadline)
+        self.sendrecv(None, peer, buf, peer, tag, deadline, reducer)
 
     def sendrecv(self, send_buf: np.ndarray | None, dst: int, recv_buf: np.ndarray | None, src: int,
                  tag: int, deadline: float, reducer: Reducer | None = None) -> None:

@@ -28,16 +28,13 @@ try:
     _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
                        ctypes.c_ulong, ctypes.c_ulong]
     _readv.restype = ctypes.c_ssize_t
-    _writev = _libc.process_vm_writev
-    _writev.argtypes = _readv.argtypes
-    _writev.restype = ctypes.c_ssize_t
 except (OSError, AttributeError):
-    _readv = _writev = None
+    _readv = None
 
 
 def address_of(buf: np.ndarray) -> int:
     """The address of the contiguous `buf`'s first byte. ctypes' view of a writable buffer gives it
-    in a third of the time numpy's `buf.ctypes.data` takes (0.26 against 0.84 us here), and a big
+    in a third of the time numpy's `buf.ctypes.data` takes, and a big
     message's exchange asks for several. Buffers ctypes cannot view writably (read-only, empty, a
     dtype the buffer protocol does not export) take numpy's way."""
     try:
@@ -51,12 +48,7 @@ def read(pid: int, address: int, target: np.ndarray) -> None:
     _move(_readv, "process_vm_readv", pid, address, target)
 
 
-def write(pid: int, address: int, source: np.ndarray) -> None:
-    """Copy the contiguous `source` to `address` in process `pid` (the same permission as `read`)."""
-    _move(_writev, "process_vm_writev", pid, address, source)
-
-
-# the most one process_vm_* call moves (the kernel's MAX_RW_COUNT: 2 GiB less a page); a bigger
+# the most one process_vm_readv call moves (the kernel's MAX_RW_COUNT: 2 GiB less a page); a bigger
 # buffer goes in several calls
 MOST_BYTES = (1 << 31) - 4096
 
@@ -73,7 +65,7 @@ def _move(call, name: str, pid: int, address: int, local_buffer: np.ndarray) -> 
             continue
         code = ctypes.get_errno()
         if code == errno.ESRCH:
-            raise ProcessLookupError(f"the process {pid} being copied to or from has gone")
+            raise ProcessLookupError(f"the process {pid} being copied from has gone")
         raise TransportError(f"{name} with pid {pid} moved {offset + max(done, 0)} of {total} B: "
                              f"{os.strerror(code) if code else 'short copy'}")
 
@@ -96,9 +88,8 @@ HUGE_PAGES = _huge_pages_given()
 def in_huge_pages(buf: np.ndarray) -> bool:
     """Whether `buf` most likely lies in transparent huge pages: it is part of an allocation of
     4 MiB or more (numpy's own arrays from that size ask for them, as `colls bench`'s do), on a
-    kernel that gives them. A peer's `read` of it pins 512 times fewer pages: a 2-rank exchange of
-    2 MiB by cross-memory attach took 98 us out of huge pages and 177 us out of small ones, against
-    152-155 us through the slots either way (2026-12-05, `transports.shm.exchange_huge_bytes`)."""
+    kernel that gives them. A peer's `read` of it pins 512 times fewer pages, which is why the shm
+    transport reads such messages sooner (`transports.shm.options.EXCHANGE_HUGE_BYTES`)."""
     if not HUGE_PAGES:
         return False
     owner = buf
@@ -115,7 +106,7 @@ def in_huge_pages(buf: np.ndarray) -> bool:
 
 def probe(pid: int, address: int, expected: int) -> bool:
     """Whether this process may read `pid`'s memory: the int64 at `address` must read `expected`."""
-    if _readv is None or os.environ.get("COLLS_SHM_CMA", "1") == "0":
+    if _readv is None:
         return False
     got = np.zeros(1, np.int64)
     try:

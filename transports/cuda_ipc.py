@@ -33,10 +33,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import Capabilities, Exchange, Reducer, Request, Transport, env_number
+from .base import Capabilities, Exchange, Reducer, Request, Transport
 from .errors import TransportError
 from .segment import Segment
-from .shm import ShmTransport, _Fifo, _fifo_bytes, chunk_mismatch, serve_stashed, shm_group, take_posted
+from .shm import ShmOptions, ShmTransport, chunk_mismatch, serve_stashed, shm_group, take_posted
+from .shm.fifo import Fifo, fifo_bytes
+from .shm.options import DEFAULT_OPTIONS
 
 MiB = 1 << 20
 DEFAULT_SLOTS = 4
@@ -56,21 +58,22 @@ def import_cupy():
     return cupy
 
 
-def device_geometry(size: int, device_bytes: int, slots: int | None = None,
-                    chunk_bytes: int | None = None) -> tuple[int, int]:
+def device_geometry(size: int, device_bytes: int, slots: int = DEFAULT_SLOTS,
+                    chunk_bytes: int = 0) -> tuple[int, int]:
     """(chunk_bytes, slots) for a group of `size` on a device of `device_bytes`: 4 slots of at most
     32 MiB from each rank, the whole inbound region at most 1/64 of the device's memory (an H200's
-    141 GB gives 32 MiB chunks to 4 ranks; a 16 GB card 15 MiB). `COLLS_CUDA_CHUNK_BYTES` and
-    `COLLS_CUDA_SLOTS` override it."""
-    slots = env_number("COLLS_CUDA_SLOTS", DEFAULT_SLOTS) if slots is None else slots
-    if chunk_bytes is None:
-        chunk_bytes = env_number("COLLS_CUDA_CHUNK_BYTES", 0)
+    141 GB gives 32 MiB chunks to 4 ranks; a 16 GB card 15 MiB). `chunk_bytes` > 0 and `slots`
+    override it.
+
+    Raises:
+        TransportError: a chunk size not a multiple of 4096, or fewer than one slot.
+    """
     if chunk_bytes <= 0:
         share = device_bytes // (64 * max(size, 1) * max(slots, 1))
         chunk_bytes = max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, share)) // MiB * MiB
     if slots < 1 or chunk_bytes < 4096 or chunk_bytes % 4096:
-        raise TransportError(f"cuda_ipc: COLLS_CUDA_CHUNK_BYTES must be a multiple of 4096 (got "
-                             f"{chunk_bytes}) and COLLS_CUDA_SLOTS at least 1 (got {slots})")
+        raise TransportError(f"cuda_ipc: device_chunk_bytes must be a multiple of 4096 (got "
+                             f"{chunk_bytes}) and device_slots at least 1 (got {slots})")
     return chunk_bytes, slots
 
 
@@ -123,17 +126,29 @@ class CudaIpcTransport(ShmTransport):
     capabilities = Capabilities(device_buffers=True)
     SETUP_ROUNDS = ShmTransport.SETUP_ROUNDS + 3
 
-    def __init__(self, rank: int, size: int, exchange: Exchange, job: str | None = None,
-                 device: int | None = None) -> None:
+    def __init__(self, rank: int, size: int, exchange: Exchange, options: ShmOptions = DEFAULT_OPTIONS,
+                 device: int | None = None, device_slots: int = DEFAULT_SLOTS,
+                 device_chunk_bytes: int = 0) -> None:
+        """Collective over the group: the host side as `ShmTransport`, then each rank's device region.
+
+        Args:
+            rank, size, exchange, options: as `ShmTransport`'s.
+            device: the GPU this rank uses (None: rank modulo the GPUs visible).
+            device_slots, device_chunk_bytes: the device FIFOs' geometry (`device_geometry`).
+
+        Raises:
+            TransportError: cupy missing, or a bad geometry.
+        """
         cupy = import_cupy()
         self.cupy = cupy
         runtime = cupy.cuda.runtime
         if device is None:
-            device = env_number("COLLS_CUDA_DEVICE", rank % max(runtime.getDeviceCount(), 1))
+            device = rank % max(runtime.getDeviceCount(), 1)
         self.device = device
+        self.device_options = (device_slots, device_chunk_bytes)
         runtime.setDevice(device)
-        self.job = job
-        super().__init__(rank, size, exchange, job)   # the host side: numpy messages, aborts, liveness
+        self.job = options.job
+        super().__init__(rank, size, exchange, options)   # the host side: numpy messages, aborts, liveness
         self.opened: list[int] = []
         self.control: Segment | None = None
         try:
@@ -147,7 +162,7 @@ class CudaIpcTransport(ShmTransport):
         runtime = cupy.cuda.runtime
         # round 1: every rank proposes a geometry for its device; the group takes the smallest
         free, _total = runtime.memGetInfo()
-        proposal = device_geometry(size, free)
+        proposal = device_geometry(size, free, *self.device_options)
         table = exchange(struct.pack("<qq", *proposal))
         self.device_chunk = min(struct.unpack("<qq", entry)[0] for entry in table)
         self.device_slots = min(struct.unpack("<qq", entry)[1] for entry in table)
@@ -156,7 +171,7 @@ class CudaIpcTransport(ShmTransport):
         self.memory = cupy.cuda.memory.Memory(size * region)  # cudaMalloc: its IPC handle is its own base
         self.inbound_slots = cupy.ndarray((size, slots, chunk), cupy.uint8,
                                           cupy.cuda.MemoryPointer(self.memory, 0))
-        control_bytes = _fifo_bytes(0, slots)
+        control_bytes = fifo_bytes(0, slots)
         self.control = Segment.create(control_bytes * size, self.job)
         # round 2: handles and control segments; each rank opens every peer's region and segment
         handle = bytes(runtime.ipcGetMemHandle(self.memory.ptr))
@@ -186,8 +201,8 @@ class CudaIpcTransport(ShmTransport):
             self.control.unlink()
         # device_inbound[p]: the FIFO from p (my segment, my memory); device_outbound[p]: the FIFO
         # to p (p's segment; p's memory at `device_targets[p]`)
-        self.device_inbound = [_Fifo(self.control.array, p * control_bytes, 0, slots) for p in range(size)]
-        self.device_outbound = [_Fifo(self.peer_controls[p].array, rank * control_bytes, 0, slots)
+        self.device_inbound = [Fifo(self.control.array, p * control_bytes, 0, slots) for p in range(size)]
+        self.device_outbound = [Fifo(self.peer_controls[p].array, rank * control_bytes, 0, slots)
                                 for p in range(size)]
         self.device_targets = [self.peer_regions[p] + rank * region for p in range(size)]
         self.device_sources = [self.memory.ptr + p * region for p in range(size)]
@@ -255,35 +270,11 @@ class CudaIpcTransport(ShmTransport):
         self._serve_device_stash(request.peer)
         return request
 
-    def recv_wait(self, buf, peer: int, tag: int, deadline: float, reducer: Reducer | None = None) -> None:
-        if type(buf) is np.ndarray:
-            return super().recv_wait(buf, peer, tag, deadline, reducer)
-        return Transport.recv_wait(self, buf, peer, tag, deadline, reducer)
-
     def sendrecv(self, send_buf, dst: int, recv_buf, src: int, tag: int, deadline: float,
                  reducer: Reducer | None = None) -> None:
         if all(buf is None or type(buf) is np.ndarray for buf in (send_buf, recv_buf)):
             return super().sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
         return Transport.sendrecv(self, send_buf, dst, recv_buf, src, tag, deadline, reducer)
-
-    def sendrecv_post(self, send_buf, dst: int, tag: int, reducing: bool = False,
-                      into=None) -> Request | None:
-        if type(send_buf) is np.ndarray:
-            return super().sendrecv_post(send_buf, dst, tag, reducing,
-                                         into if type(into) is np.ndarray else None)
-        return Transport.sendrecv_post(self, send_buf, dst, tag, reducing)
-
-    def sendrecv_finish(self, send: Request | None, recv_buf, src: int, tag: int, deadline: float,
-                        reducer: Reducer | None = None) -> None:
-        if type(recv_buf) is np.ndarray:
-            return super().sendrecv_finish(send, recv_buf, src, tag, deadline, reducer)
-        return Transport.sendrecv_finish(self, send, recv_buf, src, tag, deadline, reducer)
-
-    def sendrecv_replace(self, buf, dst: int, src: int, tag: int, deadline: float,
-                         reducer: Reducer | None = None, scratch=None):
-        if type(buf) is np.ndarray:
-            return super().sendrecv_replace(buf, dst, src, tag, deadline, reducer, scratch)
-        return Transport.sendrecv_replace(self, buf, dst, src, tag, deadline, reducer, scratch)
 
     # -- progress --------------------------------------------------------------------------------
 
@@ -435,7 +426,9 @@ class CudaIpcTransport(ShmTransport):
     # -- groups and teardown ---------------------------------------------------------------------
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
-        return shm_group(self.rank, ranks, exchange, CudaIpcTransport, device=self.device)
+        slots, chunk_bytes = self.device_options
+        return shm_group(self.rank, ranks, exchange, CudaIpcTransport, options=self.options,
+                         device=self.device, device_slots=slots, device_chunk_bytes=chunk_bytes)
 
     def close(self) -> None:
         if self.closed:

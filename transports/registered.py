@@ -5,9 +5,7 @@ symmetric memory give memory a library can do more with). A big message sent fro
 goes as its region's id, file descriptor and offset instead of its address: the receiver takes the
 descriptor from the sender (`pidfd_getfd`, Linux 5.6+, under the same permission as cross-memory
 attach), maps the region once, and copies or reduces out of it with numpy at memory speed, where
-cross-memory attach copies page by page inside the kernel. Measured 2026-12-05, 2 ranks each moving
-2 MiB to the other at once: 45 us from a mapped peer region, 80 us by `process_vm_readv` from
-huge pages, 168 us from small ones.
+cross-memory attach copies page by page inside the kernel.
 
 Nothing goes into /dev/shm: a memfd has no name there, and its memory is freed when the last
 mapping of it goes (the owner's array and every view of it, then the peers' cached mappings).

@@ -24,8 +24,8 @@ PREFIX = "colls-"
 
 
 def job_id() -> str:
-    """The job id segments are named after: the launcher's, or a fresh random one."""
-    return os.environ.get("COLLS_JOB") or secrets.token_hex(6)
+    """A fresh random job id, for segments whose creator was given none."""
+    return secrets.token_hex(6)
 
 
 def free_bytes(directory: str = SHM_DIR) -> int:
@@ -152,9 +152,8 @@ def remove_orphaned_mpich_segments(before: set[str], wait_s: float = 3.0) -> Non
     MPI_Abort or a killed rank (or one killed in MPI_Init) leaves it in /dev/shm. Remove those that
     appeared during our run once no live process maps them on two looks 0.2 s apart (so that another
     job's segment caught between its creation and its mapping is left alone), looking for up to
-    `wait_s`: mpiexec may return while
-    its aborted ranks still hold theirs (2026-12-05: one look at once and one 0.2 s later left
-    every such segment behind)."""
+    `wait_s`: mpiexec may return while its aborted ranks still hold theirs (one look at once and
+    one 0.2 s later were seen to leave every such segment behind)."""
     left = mpich_segments() - before
     deadline = time.monotonic() + wait_s
     unmapped_before: set[str] = set()

@@ -37,9 +37,11 @@ class Colls:
         from colls.communicator import Communicator
 
         if transport == "shm":
+            from colls.bootstrap import transport_options
             from transports.shm import ShmTransport
 
-            self.comm = Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather))
+            self.comm = Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather,
+                                                  **transport_options("shm")))
         else:
             from transports.mpi import MpiTransport
 

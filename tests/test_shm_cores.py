@@ -1,0 +1,53 @@
+"""The shm transport counts the cores its ranks may use, and a waiting rank yields its core sooner
+where ranks outnumber them (`ShmTransport.spin_polls`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import colls
+from transports.base import Backoff
+from transports.shm.transport import OVERSUBSCRIBED_SPIN_POLLS
+
+
+def _spin_polls(comm) -> int:
+    return comm.transport.spin_polls
+
+
+def _pinned_subgroups(comm) -> list:
+    """Each rank pinned to a CPU of its own, then to one CPU all: a group made then (a split)
+    counts its cores from the CPUs its ranks may use, whatever each rank's own set."""
+    kept = os.sched_getaffinity(0)
+    cpus = sorted(kept)
+    got = []
+    for mine in (cpus[comm.rank % len(cpus)], cpus[0]):
+        os.sched_setaffinity(0, {mine})
+        group = comm.split(0)
+        got.append([group.transport.cores, group.transport.spin_polls])
+        group.close()
+    os.sched_setaffinity(0, kept)
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_ranks_pinned_a_cpu_each_have_cores_of_their_own():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no two ranks can be pinned apart")
+    for apart, together in colls.spawn(_pinned_subgroups, 2, transport="shm", timeout=50):
+        assert apart == [2, Backoff.SPIN_POLLS]             # each pinned alone: 2 CPUs for 2 ranks
+        assert together == [1, OVERSUBSCRIBED_SPIN_POLLS]   # both on one CPU
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_rank_yields_sooner_where_ranks_outnumber_cores():
+    assert OVERSUBSCRIBED_SPIN_POLLS < Backoff.SPIN_POLLS
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert colls.spawn(_spin_polls, 2, transport="shm", timeout=50) == [Backoff.SPIN_POLLS] * 2
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(kept)})   # two ranks on one core
+    try:
+        assert colls.spawn(_spin_polls, 2, transport="shm", timeout=50) == [OVERSUBSCRIBED_SPIN_POLLS] * 2
+    finally:
+        os.sched_setaffinity(0, kept)

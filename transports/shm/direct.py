@@ -1,0 +1,126 @@
+"""The shm transport's direct path: a blocking step's message written into free slots at once and
+taken straight out of them (or out of its sender) as it lands, with no request made.
+
+Most schedules are sendrecvs of small messages, whose cost is software: a request, a progress
+pass over every FIFO and a clock read each cost as much as the copy. Whatever this path cannot
+finish at once (a busy FIFO, a late peer, another tag first) it leaves to the general path.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..base import Reducer
+from .fifo import HEAD, HEADER_FIELDS, RENDEZVOUS_CHUNK, TAIL, In, chunk_mismatch
+
+DIRECT_POLLS = 200           # polls the direct path makes for a message before it posts a receive
+
+
+class DirectPath:
+    """`ShmTransport`'s request-free steps (a mixin: it works on the transport's FIFOs and queues)."""
+
+
+    def _send_now(self, buf: np.ndarray, peer: int, tag: int) -> bool:
+        """Write a message below the rendezvous size to `peer` now if nothing is queued before it
+        and the slots it takes are free (several slots: each piece published as it is written)."""
+        n = buf.nbytes
+        if self.sends[peer] or n >= self.rendezvous_bytes:
+            return False
+        fifo = self.outbound[peer]
+        head = self.sent_head[peer]
+        if n > self.chunk:
+            if head - fifo.ctl[TAIL] > self.slots - -(-n // self.chunk):
+                return False
+            data, headers, control = buf.reshape(-1).view(np.uint8), fifo.headers, fifo.control
+            for offset in range(0, n, self.chunk):
+                size = min(self.chunk, n - offset)
+                slot = head % self.slots
+                headers[slot] = (tag, n, offset, size)
+                fifo.data[slot, :size] = data[offset:offset + size]
+                head += 1
+                control[HEAD] = head       # publish each piece at once
+            self.sent_head[peer] = head
+            return True
+        if head - fifo.ctl[TAIL] >= self.slots:
+            return False
+        slot = head % self.slots
+        hdr, field = fifo.hdr, slot * HEADER_FIELDS
+        hdr[field] = tag
+        hdr[field + 1] = n
+        hdr[field + 2] = 0
+        hdr[field + 3] = n
+        if n:
+            start = slot * self.chunk
+            try:
+                fifo.raw[start:start + n] = buf.data.cast("B")   # half the cost of a uint8 view
+            except ValueError:                                  # a dtype with no buffer format
+                fifo.raw[start:start + n] = buf.view(np.uint8)
+        self.sent_head[peer] = head + 1
+        fifo.ctl[HEAD] = head + 1          # publish (x86 keeps the stores above before this one)
+        return True
+
+    def _landed(self, peer: int, tail: int) -> bool:
+        """Spin (yielding after `spin_polls`) until `peer`'s FIFO has a slot at `tail`, keeping my
+        other messages moving as `wait_all` would; false after DIRECT_POLLS polls."""
+        ctl = self.inbound[peer].ctl
+        polls = 0
+        while ctl[HEAD] <= tail:
+            if self.active_out or self.active_in:
+                self.progress()
+            polls += 1
+            if polls >= self.spin_polls:
+                if polls >= DIRECT_POLLS:
+                    return False           # a slow peer: the general path waits with deadlines
+                os.sched_yield()           # ranks may outnumber cores: let the sender run
+        return True
+
+    def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> bool | In:
+        """Take the message from `peer` with `tag` straight out of its slots as they land, or out of
+        its sender if its header names its buffer, if nothing else is being received from `peer`.
+        True: done; false: nothing taken (post a receive); a request: begun, installed as the
+        message being received from `peer`, to wait for."""
+        n = buf.nbytes
+        if self.posted[peer] or self.current[peer] is not None or self.stashed[peer]:
+            return False
+        fifo = self.inbound[peer]
+        headers, tail, request = fifo.headers, self.read_tail[peer], None
+        while request is None or request.pos < n:
+            if not self._landed(peer, tail):
+                if request is None:
+                    return False
+                self.current[peer] = request   # `_pull` goes on from there
+                self.active_in.add(peer)
+                return request
+            slot = tail % self.slots
+            got_tag, message_bytes, offset, size = headers[slot].tolist()
+            if request is None and size == RENDEZVOUS_CHUNK:
+                if got_tag != tag or message_bytes != n or not self.cma:
+                    return False
+                request = In(peer, tag, buf, reducer)
+                self.peer_memory.read(peer, request, offset)
+                self._consume_rendezvous(peer, fifo, request, tail)
+                return True
+            if request is None and size == n and got_tag == tag and message_bytes == n:
+                if n:   # one slot: no request at all
+                    incoming = np.frombuffer(fifo.raw, buf.dtype, buf.shape[0], slot * self.chunk)
+                    if reducer is None:
+                        np.copyto(buf, incoming)
+                    else:
+                        reducer(buf, incoming)
+                self.read_tail[peer] = tail + 1
+                fifo.ctl[TAIL] = tail + 1  # the slot is free again
+                return True
+            if (got_tag != tag or message_bytes != n or offset != (0 if request is None else request.pos)
+                    or not 0 < size <= self.chunk or offset + size > n):
+                if request is None:
+                    return False           # another message first, or a mismatch: _pull sorts it out
+                raise chunk_mismatch(self.rank, peer, request, (got_tag, message_bytes, offset, size))
+            if request is None:
+                request = In(peer, tag, buf, reducer)
+            request.take(fifo.data[slot, :size])
+            tail += 1
+            self.read_tail[peer] = tail    # (kept as it goes: an error above leaves the FIFO consistent)
+            fifo.ctl[TAIL] = tail          # the slot is free again
+        return True

@@ -1,0 +1,155 @@
+"""One FIFO's layout in shared memory, the shm transport's requests, and how messages match receives.
+
+A rank's segment holds an inbound FIFO from every rank (itself included): a control block (head,
+written by the sender; tail and rendezvous acks, written by the receiver; each on its own cache
+line), a header per slot (tag, message bytes, offset, chunk bytes) and `slots` data slots of
+`chunk` bytes. The sender copies a chunk into a free slot and publishes it by bumping head; the
+receiver copies (or reduces) straight out of the slot and frees it by bumping tail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import Reducer, Request
+from ..errors import CollectiveMismatch
+from .options import ALIGN
+
+# int64 indices in a FIFO's control block: head (the sender's line), tail and acks (the receiver's)
+HEAD, TAIL, ACKS = 0, 8, 16
+CONTROL_BYTES = 192
+HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
+# a header's chunk bytes that say the slot holds no chunk but how to read the message whole:
+RENDEZVOUS_CHUNK = -1        # the sender's buffer address (cross-memory attach)
+RENDEZVOUS_MAPPED = -2       # its place in registered memory: region id, descriptor, offset, region bytes
+
+
+class Fifo:
+    """Views of one FIFO (one sender, one receiver) inside a segment."""
+
+    __slots__ = ("control", "headers", "data", "ctl", "hdr", "raw", "words")
+
+    def __init__(self, segment: np.ndarray, offset: int, chunk: int, slots: int) -> None:
+        self.control = segment[offset:offset + CONTROL_BYTES].view(np.int64)
+        offset += CONTROL_BYTES
+        header_bytes = slots * HEADER_FIELDS * 8
+        self.headers = segment[offset:offset + header_bytes].view(np.int64).reshape(slots, HEADER_FIELDS)
+        offset += header_bytes
+        self.data = segment[offset:offset + slots * chunk].reshape(slots, chunk)
+        # the same memory as memoryviews, for the one-slot path: a word read or written through one
+        # costs ~20 ns where numpy's scalar indexing costs ~100 ns
+        self.ctl = memoryview(self.control)
+        self.hdr = memoryview(self.headers.reshape(-1))
+        self.raw = memoryview(self.data.reshape(-1))
+        self.words = self.raw.cast("q")   # the slots as int64s: a registered message's region
+
+
+def fifo_bytes(chunk: int, slots: int) -> int:
+    """The bytes one FIFO of `slots` slots of `chunk` bytes takes, page-aligned."""
+    raw = CONTROL_BYTES + slots * HEADER_FIELDS * 8 + slots * chunk
+    return (raw + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Out(Request):
+    """A posted send: queued chunks, or (`rendezvous`) an address its receiver reads and acks."""
+
+    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region")
+
+    def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool, region=None) -> None:
+        super().__init__("send", peer, tag, buf.nbytes)
+        self.data = buf.view(np.uint8)
+        self.pos = 0
+        self.started = False
+        self.ack = 0          # for a rendezvous send: the peer's ack count that completes it
+        self.rendezvous = rendezvous or region is not None
+        self.region = region  # a `transports.registered.Region` its receiver maps
+
+
+class In(Request):
+    """A posted receive (or, `stash`, a message taken aside until a receive for its tag comes)."""
+
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry")
+
+    def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
+                 stash: bool = False) -> None:
+        super().__init__("recv", peer, tag, buf.nbytes)
+        self.buf = buf
+        self.data = buf.view(np.uint8)
+        self.reducer = reducer
+        self.pos = 0
+        self.stash = stash
+        self.carry: np.ndarray | None = None   # the bytes of an element split between two chunks
+
+    def take(self, chunk: np.ndarray) -> None:
+        """Copy or reduce one chunk of bytes at the current position."""
+        n = chunk.shape[0]
+        if n:
+            if self.reducer is None:
+                np.copyto(self.data[self.pos:self.pos + n], chunk)
+            elif self.pos % self.buf.dtype.itemsize or n % self.buf.dtype.itemsize:
+                self._reduce_split(chunk)
+            else:
+                dtype = self.buf.dtype
+                self.reducer(self.data[self.pos:self.pos + n].view(dtype), chunk.view(dtype))
+        self.pos += n
+
+    def _reduce_split(self, chunk: np.ndarray) -> None:
+        """Reduce a chunk that begins or ends inside an element (a dtype whose size does not divide
+        the slot's, as a 12-byte struct's): the element's bytes wait in `carry` until it is whole."""
+        dtype, start, n = self.buf.dtype, self.pos, chunk.shape[0]
+        size = dtype.itemsize
+        if self.carry is None:
+            self.carry = np.empty(size, np.uint8)
+        end = start + n
+        first = -(-start // size) * size   # the first element boundary at or after the chunk's start
+        if start % size:   # the end of an element begun in the chunk before
+            have = start % size
+            take = min(size - have, n)
+            self.carry[have:have + take] = chunk[:take]
+            if have + take == size:
+                element = first - size
+                self.reducer(self.data[element:first].view(dtype), self.carry.view(dtype))
+        last = end // size * size          # the last element boundary at or before the chunk's end
+        if last > first:
+            self.reducer(self.data[first:last].view(dtype), chunk[first - start:last - start].view(dtype))
+        if end % size and last >= first:   # an element begun here, finished in the chunk after
+            self.carry[:end - last] = chunk[last - start:]
+
+
+def chunk_mismatch(rank: int, peer: int, request: Request, header: tuple[int, int, int, int]
+                   ) -> CollectiveMismatch:
+    """The error for a FIFO chunk whose header (tag, message bytes, offset, chunk bytes) does not
+    continue `request`, the receive it was matched to, where it stopped."""
+    tag, message_bytes, offset, n = header
+    return CollectiveMismatch(
+        f"rank {rank} expected {request.nbytes} B from rank {peer} (tag {request.tag}) but rank "
+        f"{peer} sent a chunk of a {message_bytes} B message (tag {tag}, offset {offset}, {n} B): "
+        f"the ranks called different operations")
+
+
+def take_posted(posted: list, rank: int, peer: int, tag: int, message_bytes: int):
+    """The earliest of `posted` (receives from `peer`) with `tag`, taken off the list; None if none.
+
+    Raises:
+        CollectiveMismatch: its size is not the message's (MPI's matching: in order, per tag).
+    """
+    for i, request in enumerate(posted):
+        if request.tag == tag:
+            if message_bytes != request.nbytes:
+                raise CollectiveMismatch(
+                    f"rank {rank} posted a receive of {request.nbytes} B from rank {peer} "
+                    f"(tag {tag}) but rank {peer} sent {message_bytes} B")
+            return posted.pop(i)
+    return None
+
+
+def serve_stashed(stashed: list, posted: list, rank: int, peer: int, deliver) -> None:
+    """Hand fully stashed messages from `peer` (oldest first) to posted receives with their tag:
+    `deliver(request, stash)` copies and completes; a delivered stash leaves the list."""
+    for stash in list(stashed):
+        if not stash.done:
+            break
+        request = take_posted(posted, rank, peer, stash.tag, stash.nbytes)
+        if request is not None:
+            deliver(request, stash)
+            stashed.remove(stash)
