@@ -49,16 +49,14 @@ import numpy as np
 
 from algorithms import SUM, lookup
 from transports.cma import HUGE_FROM_BYTES
-from transports.shm import (
-    HELP_BYTES,
-    SLOW_FROM_BYTES,
-    SLOW_REDUCE_FROM_BYTES,
-    fifo_geometry,
-)
+from transports.shm import fifo_geometry
 from transports.sim import Link, Route, SimTransport, TimeSharing, root_of
 
 from .profile import Profile, _linear
 from .simulate import run_algorithm, run_world
+
+# the shm transport no longer has help copies or a slow-slot switch: sizes no message reaches
+HELP_BYTES = SLOW_FROM_BYTES = SLOW_REDUCE_FROM_BYTES = 1 << 62
 
 PLAN_BYTES = 64 << 10   # calls up to this size cost mostly software: their exchanges are modelled apart
 REFERENCE_SECONDS_PER_BYTE = 1e-10   # the links' unit: a route's byte_weight is its β(n) over this
