@@ -20,7 +20,6 @@ from pathlib import Path
 
 from algorithms import DEFAULTS, lookup, names
 from algorithms.cost import Machine, predict
-from transports.base import read_tune_file, tune_file
 
 from . import config
 
@@ -30,6 +29,20 @@ DEFAULT_MACHINES = {
     "shm": Machine(alpha=5.5e-6, beta=1 / 8.5e9, gamma=1 / 11e9),
     "mpi": Machine(alpha=3.1e-6, beta=1 / 9.4e9, gamma=1 / 11e9),
 }
+
+
+def tune_file() -> Path:
+    """Where `colls tune` saves what it measured (COLLS_TUNE_FILE)."""
+    return Path(config.get("COLLS_TUNE_FILE"))
+
+
+def read_tune_file() -> dict:
+    """The tune file's table by transport name (empty if there is none or it does not parse)."""
+    try:
+        table = json.loads(tune_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
 
 
 def load_machine(transport: str) -> Machine:

@@ -59,7 +59,7 @@ def check(comm, mpi=None) -> dict:
         if not np.array_equal(got, want):
             wrong.append(f"all_to_all {np.dtype(dtype)}")
     chosen = {c: colls.explain(c, 1 << 20, comm).chosen for c in ("all_reduce", "broadcast", "all_to_all")}
-    levels = comm.transport.levels
+    levels = comm._levels
     return {"rank": rank, "wrong": wrong, "chosen": chosen, "layout": comm.layout.describe(),
             "levels": [levels.local.name, levels.cross.name] if levels is not None else None}
 

@@ -3,7 +3,12 @@
 Modelled on Gloo's unbound buffers: post a send or a receive of a contiguous buffer to or from a peer
 under a tag, get a `Request`, then wait for a set of requests with a deadline. One verb is fused, as
 in NCCL's primitives: `irecv_reduce` combines the incoming bytes into a local buffer as they arrive,
-so a ring or tree reduction never lands data in a temporary first.
+so a ring or tree reduction never lands data in a temporary first. The whole interface:
+- posting: `isend`, `irecv`, `irecv_reduce`, each giving a `Request`;
+- waiting: `wait_all(requests, deadline)`, and `sendrecv`, the one blocking step (either side may
+  be None; the receive buffer may be the send buffer);
+- lifecycle: `subgroup`, `abort`, `check_aborted`, `close`;
+- `capabilities`, what colls may rely on beyond the verbs (a frozen `Capabilities`).
 
 Semantics every transport keeps:
 - Messages between one ordered pair of ranks with the same tag are matched in the order they were
@@ -16,13 +21,11 @@ Semantics every transport keeps:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -94,13 +97,6 @@ class Transport(ABC):
         can tell.
         """
 
-    def recv_wait(self, buf: np.ndarray, peer: int, tag: int, deadline: float,
-                  reducer: Reducer | None = None) -> None:
-        """Receive from `peer` into `buf` (combined into it by `reducer` when given) and wait for it:
-        a posted receive and `wait_all`, which a transport may do faster (shm: a message below its
-        rendezvous size is taken straight out of its slots)."""
-        self.sendrecv(None, peer, buf, peer, tag, deadline, reducer)
-
     def sendrecv(self, send_buf: np.ndarray | None, dst: int, recv_buf: np.ndarray | None, src: int,
                  tag: int, deadline: float, reducer: Reducer | None = None) -> None:
         """The one blocking step: send `send_buf` to `dst` and receive into `recv_buf` from `src`
@@ -133,68 +129,6 @@ class Transport(ABC):
                             else self.irecv_reduce(recv_buf, src, tag, reducer))
         self.wait_all(requests, deadline)
 
-    # whether `sendrecv_post` and `sendrecv_finish` split a sendrecv in two, so that a schedule can
-    # do its own work between them while the peer starts on the message (shm)
-    splits_exchanges = False
-
-    def sendrecv_post(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool = False,
-                      into: np.ndarray | None = None) -> Request | None:
-        """A sendrecv's send, posted now by the sendrecv's protocol (`reducing`: its receive will
-        be a reduction; `into`, where given: the buffer it will receive into, which the protocol
-        may take as a sign of the peer's); `sendrecv_finish` makes the receive and waits. None:
-        the send is done."""
-        return self.isend(send_buf, dst, tag)
-
-    def sendrecv_finish(self, send: Request | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
-                        reducer: Reducer | None = None) -> None:
-        """The rest of the sendrecv whose send `sendrecv_post` gave: its receive, and both waited for."""
-        receive = (self.irecv(recv_buf, src, tag) if reducer is None
-                   else self.irecv_reduce(recv_buf, src, tag, reducer))
-        self.wait_all([receive] if send is None else [send, receive], deadline)
-
-    def sendrecv_replace(self, buf: np.ndarray, dst: int, src: int, tag: int, deadline: float,
-                         reducer: Reducer | None = None,
-                         scratch: np.ndarray | None = None) -> np.ndarray | None:
-        """Send `buf` to `dst` and receive into it from `src` (combined with what it held by
-        `reducer` when given): MPI_Sendrecv_replace. `scratch`, as big as `buf`, holds the outgoing
-        copy where one is needed (made here if None); returns the scratch to pass next time.
-
-        A transport that copies a small send out of `buf` before it receives (shm's one-slot
-        step) needs no scratch at all."""
-        self.sendrecv(buf, dst, buf, src, tag, deadline, reducer)
-        return scratch
-
-    def persistent_exchange(self, dtype: np.dtype, count: int, peer: int,
-                            reducer: Reducer | None) -> Callable[..., None]:
-        """`sendrecv_replace(buf, peer, peer, tag, deadline, reducer)` for every buffer of `count`
-        elements of `dtype`, set up once and run on each call as `run(buf, tag, deadline)`:
-        MPI_Send_init and MPI_Recv_init in one, for a planned small all_reduce or block schedule
-        (`colls.describe.Plan`), whose cost is software; `run(buf, tag, deadline, into)` receives
-        into `into` instead (`sendrecv`). A transport may work out its copies here instead of on
-        every call (shm: views of its slots); by default it keeps one scratch buffer."""
-        scratch = None
-
-        def run(buf: np.ndarray, tag: int, deadline: float, into: np.ndarray | None = None) -> None:
-            nonlocal scratch
-            if into is not None:
-                self.sendrecv(buf, peer, into, peer, tag, deadline, reducer)
-            else:
-                scratch = self.sendrecv_replace(buf, peer, peer, tag, deadline, reducer, scratch)
-
-        return run
-
-    adapting = False   # whether `begin_call` chooses anything (shm with COLLS_SHM_ADAPTIVE=1)
-
-    def begin_call(self, kind: Hashable) -> None:
-        """A blocking collective call of `kind` begins; every rank of the group makes it, in the same
-        order. A transport with two ways to move the call's messages may pick one for the whole
-        call here (shm); by default there is nothing to pick."""
-        return None
-
-    def end_call(self, completed: bool) -> None:
-        """The call `begin_call` announced has returned (`completed`: without an error)."""
-        return None
-
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
         """A transport for the group `ranks` (this group's ranks, in their new order), or None.
@@ -216,9 +150,6 @@ class Transport(ABC):
     # communicator watches the whole group's transport, so that a rank that finished setting up
     # the levels is released even when the peer it waits for failed before it had any.
     watched: Transport | None = None
-    # Set by the communicator when its ranks span hosts: the two-level transports that
-    # `algorithms.hierarchical` composes (an `algorithms.hierarchical.Levels`).
-    levels = None
 
     def check_aborted(self) -> None:
         """Raise `CommunicatorAborted` if this rank or (where the transport can tell) a peer aborted."""
@@ -226,14 +157,6 @@ class Transport(ABC):
             raise CommunicatorAborted(f"rank {self.rank}: {self.aborted}")
         if self.watched is not None:
             self.watched.check_aborted()
-
-    # whether isend/irecv take GPU (cupy) arrays as well as numpy ones: the cuda_ipc transport
-    device_buffers: bool = False
-
-    @property
-    def one_sided(self) -> bool:
-        """Whether peers can read or write this rank's registered buffers directly (NCCL's P2P)."""
-        return False
 
 
 class Traffic:
@@ -274,32 +197,6 @@ def timeout_error(requests: Sequence[Request], deadline: float) -> CollectiveTim
     peers = tuple(sorted({r.peer for r in requests if not r.done}))
     late = time.monotonic() - deadline
     return CollectiveTimeout(f"deadline passed ({late:+.3f} s); {describe_pending(requests)}", peers)
-
-
-def env_number(name: str, default: float | int | str, kind: type = int):
-    """The environment variable `name` read as a `kind` (int or float); `default` when it is unset
-    or empty. A value that does not parse is an error that names the variable."""
-    given = os.environ.get(name, "").strip()
-    if not given:
-        return kind(default)
-    try:
-        return kind(given)
-    except ValueError:
-        raise ValueError(f"{name}={given!r}: give {'an integer' if kind is int else 'a number'}") from None
-
-
-def tune_file() -> Path:
-    """Where `colls tune` saves what it measured (`COLLS_TUNE_FILE`, default ~/.cache/colls/tune.json)."""
-    return Path(os.environ.get("COLLS_TUNE_FILE") or Path.home() / ".cache" / "colls" / "tune.json")
-
-
-def read_tune_file() -> dict:
-    """The tune file's table by transport name (empty if there is none or it does not parse)."""
-    try:
-        table = json.loads(tune_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
 
 
 class Backoff:
