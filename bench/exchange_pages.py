@@ -1,12 +1,12 @@
 """A 2-rank exchange through the shm transport's slots against cross-memory attach, sent from small
-pages and from huge ones: what `colls tune` measures for the exchange thresholds by page kind
-(`transports.shm.exchange_huge_bytes`).
+pages and from huge ones: how to check the exchange thresholds by page kind
+(`transports.shm.options.EXCHANGE_RENDEZVOUS_BYTES`, `EXCHANGE_HUGE_BYTES`).
 
 Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/exchange_pages.py [--reduce] [--rounds 3]
 
 For each size, both buffers of each rank are all in small pages or all in huge pages
-(`colls.tune_probes.paged_ones`); the way is forced on the live transport (both thresholds set, the
-slow-slot switch held off), the kinds and ways interleaved over `--rounds` rounds. Prints the
+(`colls.tune_probes.paged_ones`); the way is forced on the live transport (both thresholds set),
+the kinds and ways interleaved over `--rounds` rounds. Prints the
 slower rank's median per cell, us.
 """
 
@@ -37,7 +37,6 @@ def main() -> None:
     names = (("reduce_exchange_rendezvous_bytes",) if args.reduce
              else ("exchange_rendezvous_bytes", "exchange_huge_bytes"))
     kept = [getattr(transport, name) for name in names]
-    switch, transport.slow_slot_bytes_per_s = transport.slow_slot_bytes_per_s, 0.0
 
     def exchange(buf: np.ndarray, incoming: np.ndarray, rounds: int) -> float:
         times = []
@@ -73,7 +72,6 @@ def main() -> None:
             print(f"{n >> 10:6d} KiB  small pages {worst['small', 'slots']:8.1f} / "
                   f"{worst['small', 'attach']:8.1f}   huge pages {worst['huge', 'slots']:8.1f} / "
                   f"{worst['huge', 'attach']:8.1f}")
-    transport.slow_slot_bytes_per_s = switch
     comm.close()
 
 

@@ -122,7 +122,6 @@ class CudaIpcTransport(ShmTransport):
     """One process's end of a group moving cupy buffers by CUDA IPC (and numpy ones as `shm` does)."""
 
     name = "cuda_ipc"
-    device_buffers = True
     capabilities = Capabilities(device_buffers=True)
     SETUP_ROUNDS = ShmTransport.SETUP_ROUNDS + 3
 
