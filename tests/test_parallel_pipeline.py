@@ -18,7 +18,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from colls.parallel import pipeline, schedule
+from colls.parallel import pipeline, pipeline_report, schedule
 from colls.parallel.common import Setup
 from colls.parallel.model import ModelConfig
 from colls.parallel.serial import train_serial
@@ -149,7 +149,7 @@ def test_measured_bubble_is_the_formula_when_stages_cost_the_same(strategy, grid
     setup = Setup(model=SMALL, steps=3, batch=12, stage_seconds=0.02, **grid)
     part = check_run(strategy, setup, transport)   # problems() holds the median bubble to the margin
     median = sorted(row["bubble_mean"] for row in part["steps"])[1]
-    assert abs(median - part["bubble_formula"]) <= pipeline.BUBBLE_MARGIN, part["steps"]
+    assert abs(median - part["bubble_formula"]) <= pipeline_report.BUBBLE_MARGIN, part["steps"]
     assert part["bubble_simulated_equal_stages"] == pytest.approx(part["bubble_formula"], abs=1e-12)
 
 

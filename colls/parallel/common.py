@@ -19,8 +19,9 @@ from .optim import make_optimizer
 from .placement import array_module, to_device
 
 DATA_PARALLEL = ("serial", "ps", "ddp", "zero1", "zero2", "zero3")
-# model-parallel strategies -> the module of colls.parallel that implements them (issue 7); each
-# module provides train(comm, setup) -> RunResult and report/format_lines/problems/plot (see train.py)
+# model-parallel strategies -> the module of colls.parallel that implements them: each provides
+# train(comm, setup) -> RunResult, and <module>_report beside it report/format_lines/problems/plot
+# (see train.py)
 MODEL_PARALLEL = {"gpipe": "pipeline", "1f1b": "pipeline", "interleaved": "pipeline", "tp": "tensor",
                   "ep": "expert", "dp_tp": "tensor", "pp_ep": "hybrid", "3d": "hybrid"}
 STRATEGIES = DATA_PARALLEL + tuple(MODEL_PARALLEL)

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 
 import numpy as np
@@ -30,12 +31,17 @@ def strategy_module(strategy: str):
     """The module of a model-parallel strategy. It provides
         train(comm, setup) -> RunResult      the per-rank loop (RunResult.params: the full parameters
                                              in the serial layout, gathered, so serial_difference works)
+        world_size(strategy, setup) -> int   the ranks its grid needs (the default of -n)"""
+    return importlib.import_module(f"{__package__}.{MODEL_PARALLEL[strategy]}")
+
+
+def report_module(strategy: str):
+    """The report module beside a model-parallel strategy's (`<module>_report`). It provides
         report(strategy, setup, results) -> dict   what it measured beside its formulas (JSON-ready)
         format_lines(part) -> list[str]      those figures for the terminal
         problems(part) -> list[str]          measured-vs-formula failures (colls train exits 1)
-        plot(part, path) -> None             the --plot picture (optional)
-        world_size(strategy, setup) -> int   the ranks its grid needs (the default of -n)"""
-    return importlib.import_module(f"{__package__}.{MODEL_PARALLEL[strategy]}")
+        plot(part, path) -> None             the --plot picture (optional)"""
+    return importlib.import_module(f"{__package__}.{MODEL_PARALLEL[strategy]}_report")
 
 
 def run(strategy: str, setup: Setup, nprocs: int, transport: str = "local",
@@ -84,7 +90,7 @@ def build_report(strategy: str, setup: Setup, results: list[RunResult],
     if serial is not None:
         report["serial_difference"] = serial_difference(results, serial)
     if strategy in MODEL_PARALLEL:
-        report["details"] = strategy_module(strategy).report(strategy, setup, results)
+        report["details"] = report_module(strategy).report(strategy, setup, results)
         return report
     volume = volume_formula(strategy, psi, n, sizes.grads)
     memory = []
@@ -148,7 +154,7 @@ def format_model_parallel(report: dict) -> str:
         sent = row["bytes_sent_per_rank"]
         lines.append(f"  step {row['step']:3d}  loss {row['loss']:.6f}  {row['seconds'] * 1e3:8.2f} ms  "
                      f"sent/rank {min(sent)}..{max(sent)} B")
-    lines += strategy_module(report["strategy"]).format_lines(report["details"])
+    lines += report_module(report["strategy"]).format_lines(report["details"])
     lines += serial_lines(report)
     return "\n".join(lines)
 
@@ -157,7 +163,7 @@ def check_volume(report: dict, results: list[RunResult]) -> list[str]:
     """Problems where a measured volume is off its formula by more than the padding allows."""
     strategy, n = report["strategy"], report["ranks"]
     if "details" in report:
-        return strategy_module(strategy).problems(report["details"])
+        return report_module(strategy).problems(report["details"])
     volume, problems = report["volume_formula"], []
     layers = len(ModelConfig(**report["setup"]["model"]).layers())
     for row in report["steps"]:
@@ -235,11 +241,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-bucket-mb", type=above_zero, default=1.0, help="ddp: first bucket cap")
     parser.add_argument("--algorithm", default="ring", help="ddp: all_reduce algorithm")
     grid = parser.add_argument_group("model parallelism (gpipe, 1f1b, interleaved, tp, ep, dp_tp, pp_ep, 3d)")
-    grid.add_argument("--dp", type=at_least(1), default=1, help="data-parallel size")
-    grid.add_argument("--tp", type=at_least(1), default=1,
+    grid.add_argument("--dp", type=at_least(1), default=None, help="data-parallel size")
+    grid.add_argument("--tp", type=at_least(1), default=None,
                       help="tensor-parallel size (innermost, consecutive ranks)")
-    grid.add_argument("--pp", type=at_least(1), default=1, help="pipeline stages (outermost)")
-    grid.add_argument("--ep", type=at_least(1), default=1, help="expert-parallel size")
+    grid.add_argument("--pp", type=at_least(1), default=None, help="pipeline stages (outermost)")
+    grid.add_argument("--ep", type=at_least(1), default=None, help="expert-parallel size")
+    grid.description = ("A size left out is 1, or, with -n, the one the others leave: --strategy tp -n 4 "
+                        "gives tp 4, --strategy 3d --pp 2 --tp 2 -n 8 gives dp 2.")
     grid.add_argument("--micro-batches", type=at_least(1), default=4,
                       help="pipeline: micro-batches m per step")
     grid.add_argument("--chunks", type=at_least(1), default=1, help="interleaved: model chunks v per rank")
@@ -255,8 +263,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     grid.add_argument("--plot", metavar="FILE.png", help="pipeline: schedule timeline; ep: expert load")
 
 
+# The sizes that make each model-parallel strategy's grid, and those of them that are 1 unless given
+# (the data-parallel copies added to a model-parallel strategy): `fill_grid` derives the one left.
+GRID = {"gpipe": ("pp", "dp"), "1f1b": ("pp", "dp"), "interleaved": ("pp", "dp"), "tp": ("tp",),
+        "dp_tp": ("dp", "tp"), "ep": ("dp", "ep"), "pp_ep": ("pp", "dp", "ep"), "3d": ("pp", "dp", "tp")}
+ONE_UNLESS_GIVEN = {"gpipe": ("dp",), "1f1b": ("dp",), "interleaved": ("dp",), "ep": ("dp",),
+                    "pp_ep": ("dp",)}
+
+
+def fill_grid(strategy: str, nprocs: int | None, given: dict[str, int | None]) -> dict[str, int]:
+    """The sizes dp, tp, pp, ep of `strategy`'s grid: those `given`, and with `nprocs` ranks the one
+    size left out, as nprocs over the product of the others (`--strategy tp -n 4`: tp 4).
+
+    Args:
+        strategy: a `colls train` strategy.
+        nprocs: the ranks asked for (-n), or None.
+        given: {"dp": size or None, ...}, None where the flag was left out.
+
+    Returns:
+        Every size, 1 where the strategy does not use it or nothing says otherwise.
+
+    Raises:
+        ValueError: with -n, more than one size is left out (ambiguous), or the sizes given do not
+            divide nprocs; the message says what to give.
+    """
+    sizes = {name: given.get(name) for name in ("dp", "tp", "pp", "ep")}
+    grid = GRID.get(strategy, ())
+    missing = [name for name in grid if sizes[name] is None]
+    if nprocs is not None and len(missing) > 1:
+        missing = [name for name in missing if name not in ONE_UNLESS_GIVEN.get(strategy, ())]
+    if nprocs is not None and len(missing) > 1:
+        flags = " ".join(f"--{name}" for name in grid)
+        raise ValueError(f"-n {nprocs} with --strategy {strategy} is ambiguous: its grid is {flags}; give "
+                         f"all but one of {', '.join('--' + name for name in missing)} and -n fills that one")
+    if nprocs is not None and missing:
+        others = math.prod(sizes[name] or 1 for name in grid if name != missing[0])
+        if nprocs % others:
+            shown = " ".join(f"--{name} {sizes[name]}" for name in grid if sizes[name] is not None)
+            raise ValueError(f"-n {nprocs} is not a multiple of {others} ({shown}): "
+                             f"no --{missing[0]} fills it")
+        sizes[missing[0]] = nprocs // others
+    return {name: 1 if size is None else size for name, size in sizes.items()}
+
+
 def train_command(args: argparse.Namespace) -> int:
     """Run, print the report, optionally write JSON; exit 1 if a check failed."""
+    try:
+        given = {name: getattr(args, name) for name in ("dp", "tp", "pp", "ep")}
+        sizes = fill_grid(args.strategy, args.nprocs, given)
+    except ValueError as error:
+        args.parser.error(str(error))
+    for name, size in sizes.items():
+        setattr(args, name, size)
     setup = setup_from_args(args)
     if args.d_model % args.heads:
         args.parser.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
@@ -289,9 +347,9 @@ def train_command(args: argparse.Namespace) -> int:
         with open(args.json, "w") as out:
             json.dump(report, out, indent=2)
     if args.plot:
-        if "details" not in report or not hasattr(strategy_module(args.strategy), "plot"):
+        if "details" not in report or not hasattr(report_module(args.strategy), "plot"):
             args.parser.error(f"--plot: strategy {args.strategy} draws no picture")
-        strategy_module(args.strategy).plot(report["details"], args.plot)
+        report_module(args.strategy).plot(report["details"], args.plot)
         if os.path.exists(args.plot):
             print(f"  picture: {args.plot}")
     return 1 if problems else 0
