@@ -242,7 +242,7 @@ def test_a_rank_that_returned_keeps_its_core_as_long_as_mpis_barrier_polls():
     machine = replace(profile(4, 2), barrier_hold=4e-6)
     assert SharedMemory(4, machine).time_sharing.returned_spin == 4e-6
     # taking a yielded core back costs at least the one-slot hand-over measured (a general
-    # wake-up measured as 0, as the profiles before 2026-12-05 did, is not one)
+    # wake-up measured as 0, as older profiles did, is not one)
     assert SharedMemory(4, replace(machine, wake=0.0, one_slot_wake=3e-6)).time_sharing.wake == 3e-6
     assert SharedMemory(4, replace(machine, wake=5e-6, one_slot_wake=3e-6)).time_sharing.wake == 5e-6
     assert SharedMemory(4, profile(4, 2)).time_sharing.returned_spin is None   # unmeasured: `spin`
@@ -794,8 +794,8 @@ def test_an_exchange_inside_a_bigger_call_costs_at_least_the_calls_rate():
 def test_a_plain_exchange_of_a_call_in_huge_pages_costs_what_one_from_huge_pages_took():
     """`colls bench`'s buffers are in huge pages from 4 MiB, and a plain exchange sent from them has
     a threshold of its own (`transports.shm.exchange_huge_bytes`): a 2-rank 4 MiB all_to_all's
-    2 MiB exchange went by cross-memory attach, 146 us predicted against 160 measured where the
-    small pages' table had said 187 (2026-12-05, `/tmp/c31`)."""
+    2 MiB exchange went by cross-memory attach, predicted closer by that table than by the small
+    pages' one."""
     from dataclasses import replace
 
     measured = ((8, 3e-6), (MIB, 80e-6), (4 * MIB, 330e-6))        # small pages, through the slots

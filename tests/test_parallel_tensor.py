@@ -144,7 +144,7 @@ def test_cli_dp_tp(tmp_path, capsys):
     (["--strategy", "3d", "--tp", "3", "--heads", "2"], "2 heads cannot be split over tp = 3"),
 ])
 def test_train_refuses_flags_that_cannot_train_before_any_rank_starts(flags, message, capsys):
-    """Found by review (2026-12-05): `--micro-steps 0` trained nothing and exited 0 (its parameters
+    """Found by review: `--micro-steps 0` trained nothing and exited 0 (its parameters
     then differed from serial training's), and other sizes of 0 or more tp ranks than heads ended
     in tracebacks from the ranks."""
     from colls.cli import main

@@ -169,8 +169,8 @@ def test_segmented_ring_costs_a_ring_per_segment(p, nbytes):
 
 
 def test_the_model_takes_pairwise_all_to_all_in_small_groups_and_bruck_for_small_blocks_in_big_ones():
-    """bruck's packing costs numpy calls: at 4 ranks on this machine it took 91-97 us a 4 KiB call
-    against pairwise's 69-75 (2026-12-05), and MPICH takes it for small blocks from 8 ranks."""
+    """bruck's packing costs numpy calls: at 4 ranks on this machine a 4 KiB call took longer by
+    bruck than by pairwise, and MPICH takes it for small blocks from 8 ranks."""
     from colls.selection import DEFAULT_MACHINES
 
     machine = DEFAULT_MACHINES["shm"]

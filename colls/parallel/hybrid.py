@@ -160,8 +160,7 @@ class TensorStages(pipeline.Replicated):
         all-reduces, so that the replicated part is cut in the same blocks on every tp rank (and so
         stays bitwise identical across them) when uneven cuts give the tp ranks buffers of different
         sizes, as `tensor.sync_gradients` does. (One all-reduce of the whole buffer summed three dp
-        ranks' replicated gradients in a different order on each tp rank: found by review,
-        2026-12-05.)"""
+        ranks' replicated gradients in a different order on each tp rank: found by review.)"""
         if self.data_comm is None or self.data_comm.size == 1:
             return
         if self._ranges is None:

@@ -81,9 +81,8 @@ class SharedMemory:
         self.pinned = pinned
         # more ranks than cores: a rank that waits longer than its spin yields and must wake up;
         # taking a yielded core back costs a switch whatever wait gave it up, so at least the
-        # one-slot hand-over measured (profiles before 2026-12-05 measured the general wake-up as 0:
-        # their ping-pong paid the one-slot spin, not the general one they took off). 4 ranks, four
-        # batches: 18.5/18.4/27.0/24.3% -> 17.5/15.6/23.0/20.7%
+        # one-slot hand-over measured (older profiles measured the general wake-up as 0: their
+        # ping-pong paid the one-slot spin, not the general one they took off); closer at 4 ranks
         wake = max(profile.wake, profile.one_slot_wake or 0.0)
         self.shares_cores = size > (cores or profile.cores)   # ranks take turns on the cores
         self.time_sharing = TimeSharing(cores or profile.cores, profile.spin, wake,
@@ -95,9 +94,8 @@ class SharedMemory:
         # once does both in turn); the rest of a message's α is in the route
         self.post_seconds = profile.post
         # a FIFO send keeps its sender for what the profile measured of it (`Profile.send`): its
-        # post and its copy into the slots. Priced at their posts, a 4-rank 1 KiB `direct`
-        # broadcast's root made its three sends in 1.9 us and the call came out at 3.7 us against
-        # 5.9 measured; at 1.7 us a send (8 B, measured), 6.2 us (2026-12-04, 10 rounds)
+        # post and its copy into the slots (priced at their posts alone, a small `direct`
+        # broadcast's root came out far faster than measured)
         self.send_busy_seconds = self._send_busy if profile.send else None
         # a message from a buffer its sender wrote in the call (reduced, copied or received into)
         # is read at the written rate: the sim tells which (`route_for(..., written=True)`)
@@ -149,8 +147,7 @@ class SharedMemory:
         """Seconds of one copy of `nbytes` through the slots between two ranks on one core: a
         local copy's rate at the call's size (the lines stay in that core's caches). The profile's
         message tables are of a pair on two cores, whose copies take the lines from the other
-        core: in the VM's slow state 4 ranks pinned two to a core sent 256 KiB in 27 us to a rank on
-        their core and in 118 us to one on the other (2026-12-05, `/tmp/s11/p2p.py`)."""
+        core, several times slower than a copy whose lines stay on one core."""
         return nbytes * self.profile.copy_seconds_per_byte(max(nbytes, self.footprint))
 
     def _send_busy(self, nbytes: int) -> float:
@@ -206,10 +203,9 @@ class SharedMemory:
         # from the rendezvous size, where the profile has no sender's time (the plain exchanges
         # read the other's buffer by cross-memory attach), all but the smallest message's time is
         # the receiver's work (not all but the α of the line through the big messages' times: that
-        # line's α, 49 us at 1 MiB in the profiles of 2026-12-05, is the rates' change with size,
-        # not a wait; five 4-rank batches 2.0-2.6 points closer). With more ranks than cores,
-        # work holds a core where a wait lends it: priced as waiting, a 4-rank 16 MiB
-        # ring_segmented (256 KiB exchanges) came out at 2110 us, 6054 measured (2026-12-04)
+        # line's α is the rates' change with size, not a wait). With more ranks than cores, work
+        # holds a core where a wait lends it: priced as waiting, a 4-rank ring_segmented came out
+        # at a third of its measured time
         own = profile.send_seconds(nbytes)
         if nbytes >= profile.rendezvous:
             send_busy, receive_busy = 0.0, max(0.0, seconds - profile.message[0][1])
@@ -249,8 +245,7 @@ class SharedMemory:
             if self.footprint > nbytes:
                 # a piece of a bigger call copies at no better rate than a copy of the call's
                 # size, as the exchanges and the reads below: its lines come from where the call's
-                # bytes live (4 ranks on 2 cores, 2026-12-05, five batches together with the
-                # receiver's copy below: 55.9-67.9% -> 38.4-56.3%, `bench/CALIBRATION.md`)
+                # bytes live (`bench/CALIBRATION.md`)
                 beta *= self.profile.copy_slowdown(nbytes, self.footprint)
             # but the sender copies its FIFO messages in, one after another, on its own CPU
             # (`ShmTransport._isend` pushes each as it is posted): one port for all of them. As
@@ -313,9 +308,8 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     unpinned ranks; None: as the kernel deals the ranks out (the mean over the even ways, with more
     ranks than cores)."""
     # the rates of the call's size as two ranks' buffers of it measured them in the profile; the
-    # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (4 ranks on
-    # 2 cores, 2026-12-04/05: four batches 0.9-2.8 points closer; a 16 MiB copy's thread ran 220 us
-    # within a 2-rank call and 585 us within a 4-rank one)
+    # call's ranks touch ranks / 2 times as much memory, so it reads them at that size (a copy
+    # within a 4-rank call ran well over twice as long as the same copy within a 2-rank one)
     footprint = int(nbytes * max(1.0, ranks / 2))
     planned = persistent_steps(collective, algorithm, ranks, nbytes)
     pinned = pinned and placement is not None
@@ -351,9 +345,9 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     def body(transport: SimTransport) -> int:
         if network.shares_cores and network.pinned:
             # `colls bench`'s ranks leave MPI's barrier down a binomial tree from rank 0 (4 ranks
-            # pinned two to a core, 2026-12-05: rank 1 leaves 4-15 us after rank 0, rank 3 2-20 us
-            # after rank 2, and rank 2 only once rank 0 yields its core or returns, however long
-            # rank 1 waits; `/tmp/s11/yieldt.py`), a hand-on as long as an 8 B message
+            # pinned two to a core: rank 1 leaves microseconds after rank 0, rank 3 after rank 2,
+            # and rank 2 only once rank 0 yields its core or returns, however long rank 1 waits),
+            # a hand-on as long as an 8 B message
             rank = transport.rank
             children = [rank + step for step in _tree_steps(rank, ranks) if rank + step < ranks]
             transport.leave_barrier(rank & (rank - 1) if rank else None, children, profile.message[0][1])
@@ -391,9 +385,8 @@ def predict(collective: str, algorithm: str, ranks: int, nbytes: int, profile: P
     # as even as it can make it), so the model runs every way to deal the ranks out. It takes their
     # mean: a launch's calls mix them (the balancer moves ranks between queues; launches agree by
     # their medians within 4-10% where the placements' times differ by up to 5x), and the middle
-    # one flips where one way's wait crosses the spin (a 4 KiB binomial broadcast: 7-11 us or
-    # 37-46 us by profile, 18.1 measured). Five 4-rank batches of 2026-12-05 (median and fastest,
-    # ten comparisons): 2.2-4.1 points closer in eight, 2.4 and 5.3 further in one batch's two
+    # one flips where one way's wait crosses the spin (a small binomial broadcast's placements
+    # came out well below and well above its measured time)
     times = []
     for placement in placements(ranks, cores_used):
         placed = SharedMemory(ranks, profile, cores, footprint, planned)
