@@ -14,7 +14,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
         description="Start N ranks of a Python script (or -m module), each told its rank through "
                     "COLLS_* variables; prefix their output with [rank]; if one fails, stop all.",
         usage="colls run -n N [--transport {shm,mpi,cuda_ipc}] [--hosts H] [--timeout SECONDS] "
-              "(script.py | -m module) [args ...]")
+              "[python] (script.py | -m module) [args ...]")
     parser.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="number of ranks")
     parser.add_argument("--transport", choices=("shm", "mpi", "cuda_ipc"), default=None,
                         help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm; cuda_ipc: "
@@ -37,7 +37,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Launch the ranks and return the job's exit status."""
-    from .launcher import launch
+    from .launcher import interpreter_and_program, launch
 
     if args.module:
         argv_of_program = ["-m", *args.module]
@@ -52,10 +52,14 @@ def run_command(args: argparse.Namespace) -> int:
         args.parser.error(f"--timeout must be positive, not {args.timeout:g}")
     if args.hosts is not None and not 1 <= args.hosts <= args.nprocs:
         args.parser.error(f"--hosts must be between 1 and -n ({args.nprocs}), not {args.hosts}")
-    if getattr(args, "as_mpi4py", False):
-        argv_of_program = ["-m", "colls.compat.run", *argv_of_program]
-    return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout,
-                  hosts=args.hosts)
+    try:
+        if getattr(args, "as_mpi4py", False):   # the facade's runner between the Python and the program
+            python, rest = interpreter_and_program(argv_of_program)
+            argv_of_program = [python, "-m", "colls.compat.run", *rest]
+        return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout,
+                      hosts=args.hosts)
+    except ValueError as error:   # refused before any rank starts (a bad COLLS_TRANSPORT too)
+        args.parser.error(str(error))
 
 
 def add_tune(subparsers: argparse._SubParsersAction) -> None:

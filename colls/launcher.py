@@ -10,6 +10,7 @@ the job are removed at the end.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -194,6 +195,36 @@ def _monitor(children: list[subprocess.Popen], catcher: _SignalCatcher, timeout:
         time.sleep(POLL_SECONDS)
 
 
+# `python`, `python3`, `python3.11`, `/usr/bin/python3`, `pypy3`: the first word of an mpiexec habit,
+# `colls run -n 4 python script.py`
+_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*")
+
+
+def interpreter_and_program(argv_of_program: list[str]) -> tuple[str, list[str]]:
+    """(the Python to run, its arguments) for `argv_of_program`: `script.py args` or `-m module args`
+    run under this Python; `python script.py args` (as under mpiexec) under the Python it names.
+
+    Args:
+        argv_of_program: what follows the launcher's own options.
+
+    Returns:
+        The interpreter's path and the arguments to give it.
+
+    Raises:
+        ValueError: the interpreter named is not found, or it is given nothing to run.
+    """
+    first = argv_of_program[0] if argv_of_program else ""
+    if first != sys.executable and not _INTERPRETER.fullmatch(os.path.basename(first)):
+        return sys.executable, argv_of_program
+    found = shutil.which(first)
+    if found is None:
+        raise ValueError(f"{first}: no such Python on PATH (give the script alone to run it under "
+                         f"{sys.executable})")
+    if len(argv_of_program) == 1:
+        raise ValueError(f"nothing to run: give {first} a script (or -m module) and its arguments")
+    return found, argv_of_program[1:]
+
+
 def virtual_host(rank: int, nprocs: int, hosts: int) -> str:
     """The COLLS_HOST of `rank` when `nprocs` ranks are split into `hosts` virtual hosts, in order."""
     return f"vhost{rank * hosts // nprocs}"
@@ -206,6 +237,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     `env` adds variables for every rank on top of ours; the exit status follows the shell's rules
     (128 + signal for a rank killed by a signal or a launcher interrupted by SIGINT/SIGTERM).
     `hosts` splits the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
+    `argv_of_program` may begin with the Python to use, as under mpiexec (`python script.py`).
     """
     if hosts is not None and not 1 <= hosts <= nprocs:
         raise ValueError(f"hosts must be between 1 and nprocs ({nprocs}), not {hosts}")
@@ -215,12 +247,13 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         raise ValueError("nothing to run: give a script (or -m module) and its arguments")
     if timeout is not None and not timeout > 0:   # (NaN too)
         raise ValueError(f"timeout must be positive, not {timeout}")
+    python, argv_of_program = interpreter_and_program(argv_of_program)
     base = _child_environment(env)
     # An explicit choice wins; otherwise what `env` or the user's environment says, else the default.
     transport = (transport or (env or {}).get("COLLS_TRANSPORT") or config.get("COLLS_TRANSPORT")
                  or DEFAULT_TRANSPORT)
     if transport == "mpi":
-        return _launch_with_mpiexec(argv_of_program, nprocs, base, timeout, hosts)
+        return _launch_with_mpiexec([python, *argv_of_program], nprocs, base, timeout, hosts)
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")  # mode 0700: only we can plant files in it
     children: list[subprocess.Popen] = []
@@ -234,7 +267,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
                 if hosts is not None:
                     child_env["COLLS_HOST"] = virtual_host(rank, nprocs, hosts)
                 child = subprocess.Popen(
-                    [sys.executable, *argv_of_program], env=child_env,
+                    [python, *argv_of_program], env=child_env,
                     stdin=None if rank == 0 else subprocess.DEVNULL,  # only rank 0 may read the terminal
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     start_new_session=True)  # its own group, so stopping a rank stops its children too
@@ -288,16 +321,18 @@ def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str],
     return ["-disable-auto-cleanup"], ["sh", "-c", RANK_GUARD, *program]
 
 
-def _launch_with_mpiexec(argv_of_program: list[str], nprocs: int, env: dict[str, str],
+def _launch_with_mpiexec(command_of_rank: list[str], nprocs: int, env: dict[str, str],
                          timeout: float | None, hosts: int | None = None) -> int:
-    """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it."""
+    """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it.
+    `command_of_rank` is the Python to run and its arguments."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
         _note("--transport mpi needs mpiexec: pip install 'colls[mpi]'")
         return 2
     # each rank prefixes its own output a whole line at a time (see colls.linebuffered)
+    python, *argv_of_program = command_of_rank
     options, program = survivable_under_hydra(
-        mpiexec, [sys.executable, "-m", "colls.linebuffered", *argv_of_program])
+        mpiexec, [python, "-m", "colls.linebuffered", *argv_of_program])
     command = [mpiexec, *options, "-n", str(nprocs), *program]
     if hosts is not None:
         # MPMD: one block of ranks per virtual host, each with its own COLLS_HOST

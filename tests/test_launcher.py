@@ -122,6 +122,35 @@ def test_module_form_passes_arguments(tmp_path: Path) -> None:
     assert sorted(result.stdout.splitlines()) == ["[0] module 0 ['-n', 'x']", "[1] module 1 ['-n', 'x']"]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "mpi"])
+def test_python_first_as_under_mpiexec(tmp_path: Path, transport: str) -> None:
+    """`colls run -n 2 python script.py args` and `... python -m module args`, the mpiexec habit (it
+    ran `python` as the script: "can't open file .../python")."""
+    if transport == "mpi" and not MPIEXEC.exists():
+        pytest.skip("mpiexec is not installed (pip install 'colls[mpi]')")
+    script = write_script(tmp_path, "who.py", """
+        import os, sys
+        print("rank", os.environ.get("COLLS_RANK") or os.environ["PMI_RANK"], sys.argv[1:])
+    """)
+    write_script(tmp_path, "who_module.py", "import runpy\nrunpy.run_path('who.py')\n")
+    expected = ["[0] rank 0 ['-n', 'x']", "[1] rank 1 ['-n', 'x']"]
+    for python in ("python", sys.executable):
+        for program in ([script], ["-m", "who_module"]):
+            done = colls_run("--transport", transport, "-n", "2", python, *program, "-n", "x", cwd=tmp_path,
+                             PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+            assert done.returncode == 0, done.stderr[-500:]
+            assert sorted(done.stdout.splitlines()) == expected, (python, program, done.stdout)
+
+
+@pytest.mark.timeout(60)
+def test_a_python_that_is_not_there_or_has_nothing_to_run_is_refused(tmp_path: Path) -> None:
+    done = colls_run("-n", "2", "python9.99", "x.py")
+    assert done.returncode == 2 and "python9.99: no such Python on PATH" in done.stderr
+    done = colls_run("-n", "2", "python")
+    assert done.returncode == 2 and "nothing to run: give python a script" in done.stderr
+
+
 @pytest.mark.timeout(60)
 def test_lines_are_never_split_and_a_last_partial_line_is_ended(tmp_path: Path) -> None:
     script = write_script(tmp_path, "chatty.py", """
