@@ -72,15 +72,19 @@ class Collectives:
     def _all_reduce(self, x, op, out, algorithm, async_op, timeout, persistent):
         check = self._check
         limit = self.timeout if timeout is None else check.timeout("all_reduce", timeout)
-        x = check.array("all_reduce", x)
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:   # (else nothing to convert: no call)
+            x = check.array("all_reduce", x)
         description = self._describe("all_reduce", x, op, None, algorithm)
-        result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
+        if out is None and type(x) is np.ndarray:
+            result = work = np.empty(x.shape, x.dtype)
+        else:
+            result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
         source = None
         if work is not x:
             # a schedule that reads the input itself is spared the copy, unless the call returns
             # before it runs (async: the input may change) or the output overlaps the input
             if description.algorithm.takes_source and description.schedule is None and not async_op \
-                    and not np.may_share_memory(x, work):
+                    and (out is None or not np.may_share_memory(x, work)):
                 source = x.reshape(-1)
             elif async_op:
                 work[...] = x
@@ -265,11 +269,12 @@ class Collectives:
         """all_gather and all_to_all: every rank sends blocks of `x` and receives blocks of `out`."""
         check = self._check
         limit = self.timeout if timeout is None else check.timeout(collective, timeout)
-        x = check.rows(collective, check.array(collective, x))
+        if type(x) is not np.ndarray or not x.flags.c_contiguous or not x.ndim:
+            x = check.rows(collective, check.array(collective, x))
         description = self._describe(collective, x, None, None, algorithm)
         result, work = check.result(collective, out, description.out_shape, x.dtype, like=x)
         # blocks are read after others land: an `out` over `x` needs a copy of `x` (but see `apart_from`)
-        send = apart_from(x, work, self.rank if collective == "all_gather" else None)
+        send = x if out is None else apart_from(x, work, self.rank if collective == "all_gather" else None)
         send = None if send is None else send.reshape(-1)
         if send is None and async_op:
             send = x.copy().reshape(-1)
@@ -328,7 +333,7 @@ class Collectives:
         # most schedules fold partial sums into their input, so they work on a copy; one that only
         # reads it is given `x` itself (unless the output overlaps it)
         send = None
-        if description.algorithm.reads_input_only and not np.shares_memory(x, work):
+        if description.algorithm.reads_input_only and (out is None or not np.shares_memory(x, work)):
             send = x.reshape(-1)
         elif async_op:
             send = x.copy().reshape(-1)

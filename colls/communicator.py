@@ -80,8 +80,7 @@ class Communicator(Collectives):
         """The call's `Description`: the cached one of its signature (collective, op as given,
         dtype, shape, root, `algorithm=` as given), else made by `_compile` and cached where the op
         is a name or a built-in (a user's Op may change between calls)."""
-        key = (collective, op, None if x is None else x.dtype, None if x is None else x.shape, root,
-               algorithm)
+        key = (collective, algorithm) if x is None else (collective, op, x.dtype, x.shape, root, algorithm)
         described = self._check.described
         try:
             return described[key]
@@ -103,6 +102,8 @@ class Communicator(Collectives):
         if x is None:   # barrier
             return Description(collective, None, (), None, None, check.algorithm(collective, algorithm),
                                self.name)
+        if x.dtype.hasobject:   # (callers pass a contiguous numpy array on without `Validator.array`)
+            raise check.fail(collective, f"x has dtype {x.dtype}; object arrays cannot be sent")
         nbytes, out_shape = x.nbytes, x.shape
         if collective in ("reduce_scatter", "all_to_all", "scatter"):
             rows = check.divisible(collective, x)
