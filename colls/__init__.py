@@ -2,6 +2,7 @@
 
     comm = colls.init()
     y = comm.all_reduce(x, op=colls.SUM)
+    h = comm.all_reduce_init(x, out=y)   # persistent: checked once, then h() or h.start(); h.wait()
 """
 
 from algorithms import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Op
@@ -20,6 +21,7 @@ from transports.registered import alloc
 from .bootstrap import init
 from .communicator import Communicator
 from .executor import Work
+from .persistent import Persistent
 from .selection import explain
 from .spawn import SpawnError, spawn
 
@@ -35,5 +37,6 @@ __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
     "PeerLost",
-    "TransportError", "Communicator", "Work", "SpawnError", "algorithms", "alloc", "explain", "init", "spawn",
+    "TransportError", "Communicator", "Persistent", "Work", "SpawnError", "algorithms", "alloc", "explain",
+    "init", "spawn",
 ]

@@ -4,9 +4,11 @@ After PyTorch DDP (Li et al. 2020, "PyTorch Distributed: Experiences on Accelera
 Training"): the flat gradient buffer is cut into buckets in *reverse* layer order (the order
 backward produces them), the first bucket small (1 MB) so communication starts early, the others up
 to `bucket_bytes` (25 MB). As soon as backward has finished every layer a bucket covers, that
-bucket's all-reduce is issued with `async_op=True` (in place: the bucket is a view of the flat
-buffer), and backward goes on with the earlier layers while it runs; all are waited before the
-optimizer step. With gradient accumulation, the non-final micro-steps add into the gradients
+bucket's all-reduce is started (in place: the bucket is a view of the flat buffer), and backward
+goes on with the earlier layers while it runs; all are waited before the optimizer step. Each
+bucket's all-reduce is a persistent collective (`Communicator.all_reduce_init`, MPI-4's
+MPI_Allreduce_init), made once for the run, as DDP's buckets are built once: a step only starts
+and waits them. With gradient accumulation, the non-final micro-steps add into the gradients
 without any communication (DDP's `no_sync`). Ring all-reduce (Baidu, Gibiansky 2017) by default.
 """
 
@@ -49,12 +51,18 @@ def make_buckets(layout: Layout, itemsize: int, bucket_bytes: int, first_bucket_
     return buckets
 
 
-class BucketLauncher:
-    """One step's buckets: issues each all-reduce as soon as backward has covered it."""
+def bucket_all_reduces(comm, grads, buckets: list[Bucket], algorithm: str | None) -> list:
+    """One persistent in-place all-reduce per bucket of the flat gradient `grads`."""
+    return [comm.all_reduce_init(grads[b.start:b.stop], out=grads[b.start:b.stop], algorithm=algorithm)
+            for b in buckets]
 
-    def __init__(self, comm, grads, buckets: list[Bucket], algorithm: str | None) -> None:
-        self.comm, self.grads, self.buckets, self.algorithm = comm, grads, buckets, algorithm
-        self.works: list = []
+
+class BucketLauncher:
+    """One step's buckets: starts each all-reduce as soon as backward has covered it."""
+
+    def __init__(self, handles: list, buckets: list[Bucket]) -> None:
+        self.handles, self.buckets = handles, buckets
+        self.works: list = []   # the handles started this step, in bucket order
         self.events: list[dict] = []   # per issued bucket: when, and when it was seen finished
 
     def layer_done(self, layer: int) -> None:
@@ -63,9 +71,9 @@ class BucketLauncher:
             if event["completed_at_layer"] is None and work.is_completed():
                 event["completed_at_layer"] = layer
         while len(self.works) < len(self.buckets) and self.buckets[len(self.works)].first_layer >= layer:
-            bucket = self.buckets[len(self.works)]
-            view = self.grads[bucket.start:bucket.stop]
-            self.works.append(self.comm.all_reduce(view, out=view, algorithm=self.algorithm, async_op=True))
+            handle = self.handles[len(self.works)]
+            handle.start()
+            self.works.append(handle)
             self.events.append({"bucket": len(self.works) - 1, "issued_after_layer": layer,
                                 "issued_at": time.perf_counter(), "completed_at_layer": None,
                                 "completed_by_backward_end": False})
@@ -87,11 +95,12 @@ def train_ddp(comm, setup: Setup) -> RunResult:
     replica = Replica(setup, model)
     buckets = make_buckets(model.layout, replica.grads.itemsize, setup.bucket_bytes,
                            setup.first_bucket_bytes)
+    handles = bucket_all_reduces(comm, replica.grads, buckets, setup.algorithm)
     records, overlap = [], []
     for step in range(setup.steps):
         timer = StepTimer(comm)
         tokens, targets, scale = local_batch(setup, step, comm.rank, comm.size)
-        launcher = BucketLauncher(comm, replica.grads, buckets, setup.algorithm)
+        launcher = BucketLauncher(handles, buckets)
         loss = 0.0
         parts = micro_batches(tokens, targets, setup.micro_steps)
         for i, (micro_tokens, micro_targets) in enumerate(parts):
