@@ -148,3 +148,18 @@ def planted(*names: str) -> Iterator[None]:
     finally:
         _restore(undo)
 
+
+
+def in_every_process(directory, names: str) -> str:
+    """A `sitecustomize.py` in `directory` that plants `names` in every Python process started
+    with `directory` on its PYTHONPATH (Python imports it at startup): for ranks that a launcher
+    starts (`colls bench` under mpiexec), where no `--plugin` reaches. Returns the directory."""
+    from pathlib import Path
+
+    path = Path(directory) / "sitecustomize.py"
+    path.write_text("import importlib.util\n"
+                    f"spec = importlib.util.spec_from_file_location('planted_faults', {__file__!r})\n"
+                    "module = importlib.util.module_from_spec(spec)\n"
+                    "spec.loader.exec_module(module)\n"
+                    f"module.setup({names!r})\n")
+    return str(directory)

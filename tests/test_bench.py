@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from planted_faults import in_every_process
 
 import colls
 from colls.bench.cases import count_wrong, fill, make_case, pattern, reduced_pattern
@@ -33,7 +34,6 @@ def colls_bench(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProces
     """`colls bench args…` through `python -m colls.cli`, output captured as text."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environment.get("PYTHONPATH")]))
-    environment.pop("COLLS_FAULTS", None)
     environment.update(env)
     return subprocess.run([sys.executable, "-m", "colls.cli", "bench", *args], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=100)
@@ -243,9 +243,10 @@ def test_registered_buffers_for_colls_beside_mpis_own(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 def test_a_planted_bug_shows_in_wrong_and_the_exit_status(tmp_path):
+    planted = in_every_process(tmp_path, "odd_skip_reduction")   # the ranks plant it at startup
+    path = os.pathsep.join([planted, str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
     result = colls_bench("-n", "3", "-c", "reduce", "--algorithm", "binomial", "-b", "1K", "-e", "1K",
-                         "-w", "1", "--iters", "2", "--no-baselines", cwd=tmp_path,
-                         COLLS_FAULTS="odd_skip_reduction")
+                         "-w", "1", "--iters", "2", "--no-baselines", cwd=tmp_path, PYTHONPATH=path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "FAILED" in result.stdout and "some results were wrong" in result.stderr
 
