@@ -49,8 +49,7 @@ def predict(collective: str, name: str, size: int, nbytes: float, machine: Machi
     works on a copy of it (`Communicator._scratch`), and one that only reads it (`reads_input_only`:
     pairwise) does not. Their messages cost alike, so the model now takes pairwise wherever it took
     ring, at any group size (a tune file may still choose ring where it measured it faster). At 2
-    ranks they make the same one exchange: a 2 MiB call in the VM's slow state, 2026-12-05, took
-    555-562 us by ring, 0.34x MPI; the target set's tune, which chose pairwise, 108.5 us, 1.71x.
+    ranks they make the same one exchange, and the ring's extra copy is all that differs.
     """
     fn = MODELS.get((collective, name))
     if fn is None:
@@ -204,8 +203,8 @@ def _direct_all_to_all(n: int, s: float, m: Machine) -> float:
 
 
 # A numpy call of bruck's packing (a gather or scatter of blocks by index, the working copy, the
-# final gather) costs its software whatever the network: at 2 ranks, shm, 4 KiB, bruck (one step,
-# four such calls) took 16.8 us a call against pairwise's 9.9 (2026-12-05), 1.7 us a call.
+# final gather) costs its software whatever the network: about this much a call, as `colls bench`
+# measures bruck against pairwise on small blocks (bench/RESULTS.md).
 PACKING_CALL_SECONDS = 1.8e-6
 
 

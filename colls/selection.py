@@ -23,7 +23,7 @@ from algorithms.cost import Machine, predict
 
 from . import config
 
-# Measured on the reference 2-core machine by `colls tune` (2026-12-02); a tune file replaces them.
+# Measured on the reference 2-core machine by `colls tune`; a tune file replaces them.
 DEFAULT_MACHINES = {
     "local": Machine(alpha=8e-6, beta=1 / 8e9, gamma=1 / 11e9),
     "shm": Machine(alpha=5.5e-6, beta=1 / 8.5e9, gamma=1 / 11e9),
