@@ -85,16 +85,17 @@ class DirectPath:
         if self.posted[peer] or self.current[peer] is not None or self.stashed[peer]:
             return False
         fifo = self.inbound[peer]
-        headers, tail, request = fifo.headers, self.read_tail[peer], None
+        ctl, hdr, tail, request = fifo.ctl, fifo.hdr, self.read_tail[peer], None
         while request is None or request.pos < n:
-            if not self._landed(peer, tail):
+            if ctl[HEAD] <= tail and not self._landed(peer, tail):
                 if request is None:
                     return False
                 self.current[peer] = request   # `_pull` goes on from there
                 self.active_in.add(peer)
                 return request
             slot = tail % self.slots
-            got_tag, message_bytes, offset, size = headers[slot].tolist()
+            field = slot * HEADER_FIELDS   # (a memoryview's words: a tenth of numpy's cost to read)
+            got_tag, message_bytes, offset, size = hdr[field], hdr[field + 1], hdr[field + 2], hdr[field + 3]
             if request is None and size == RENDEZVOUS_CHUNK:
                 if got_tag != tag or message_bytes != n or not self.cma:
                     return False
@@ -110,7 +111,7 @@ class DirectPath:
                     else:
                         reducer(buf, incoming)
                 self.read_tail[peer] = tail + 1
-                fifo.ctl[TAIL] = tail + 1  # the slot is free again
+                ctl[TAIL] = tail + 1       # the slot is free again
                 return True
             if (got_tag != tag or message_bytes != n or offset != (0 if request is None else request.pos)
                     or not 0 < size <= self.chunk or offset + size > n):
@@ -122,5 +123,5 @@ class DirectPath:
             request.take(fifo.data[slot, :size])
             tail += 1
             self.read_tail[peer] = tail    # (kept as it goes: an error above leaves the FIFO consistent)
-            fifo.ctl[TAIL] = tail          # the slot is free again
+            ctl[TAIL] = tail               # the slot is free again
         return True
