@@ -5,8 +5,8 @@ Run: COLLS_TRANSPORT=shm mpiexec -n 2 python bench/machine_modes.py [--seconds 6
 
 Why: on a virtual machine the hypervisor moves the guest's CPUs between host cores. How long one
 core takes to see a line the other wrote then changes, by 2x and more, and stays so for seconds to
-minutes (measured 2026-12-04 on this 2-CPU VM: a cache-line round trip of ~260 ns for minutes, then
-~650 ns, now and then ~750-1000 ns). Every copy between the ranks pays for it, and not every
+minutes (a cache-line round trip of a few hundred ns for minutes, then two or three times that).
+Every copy between the ranks pays for it, and not every
 implementation alike: a benchmark run is a mixture of modes in unknown shares, and two runs a minute
 apart disagree. This script samples the mode around every measurement and reports each mode apart.
 

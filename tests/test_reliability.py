@@ -513,7 +513,7 @@ def _closed_under_async_work(comm) -> list:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 def test_closing_with_asynchronous_work_running_aborts_it(transport):
-    """Found by review (2026-12-05): `close` went on to close the transport when asynchronous work
+    """Found by review: `close` went on to close the transport when asynchronous work
     outlasted its wait, and that work then failed with whatever the closed transport raised (a
     TypeError from a released FIFO here)."""
     (closed_after,), _ = colls.spawn(_closed_under_async_work, 2, transport=transport, timeout=2)

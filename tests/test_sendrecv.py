@@ -490,7 +490,7 @@ def _tags_out_of_order(comm) -> list:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 def test_a_receive_waiting_for_one_tag_blocks_no_receive_of_another(transport):
-    """Found by review (2026-12-05): the local transport matched only the oldest receive from each
+    """Found by review: the local transport matched only the oldest receive from each
     peer, so a receive posted for a tag not yet sent blocked every later one from that peer."""
     got, _ = colls.spawn(_tags_out_of_order, 2, transport=transport, timeout=40)
     assert got == [[5] * 4, [6] * 4]
