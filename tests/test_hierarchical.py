@@ -133,11 +133,11 @@ def _traced_real_run(layout: Layout, nbytes: int) -> list[list]:
     def rank_main(rank: int) -> None:
         host, index = layout.hosts[rank], layout.local_index(rank)
         transport = Recording(world.transport(rank), logs[rank])
-        transport.levels = Levels(layout, Recording(locals_[host].transport(index), logs[rank]),
-                                  Recording(crosses[index].transport(host), logs[rank]), choose)
+        levels = Levels(layout, Recording(locals_[host].transport(index), logs[rank]),
+                        Recording(crosses[index].transport(host), logs[rank]), choose)
         buf = np.ones(nbytes // 4, np.float32)
         lookup("all_reduce", "hierarchical").run(
-            Channel(transport, COLLECTIVE_TAG_BASE, time.monotonic() + 60, "traced"), buf, SUM)
+            Channel(transport, COLLECTIVE_TAG_BASE, time.monotonic() + 60, "traced", levels=levels), buf, SUM)
         assert (buf == size).all()
 
     run_ranks(world, rank_main)

@@ -84,15 +84,18 @@ def arguments(collective: str, rank: int, size: int, nbytes: int, dtype=np.float
 
 def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbytes: int,
                   dtype=np.float32, root: int = 0, source: bool = False,
-                  before: Callable[[SimTransport, tuple], None] | None = None) -> int:
+                  before: Callable[[SimTransport, tuple], None] | None = None,
+                  levels: Levels | None = None) -> int:
     """One rank's call of the registered `algorithm` of `collective` on symbolic buffers; returns
     the bytes this rank sent (counted by the same `Traffic` counters real runs use). `source`: an
     all_reduce schedule that reads its input itself gets one apart from its buffer, as
     `Communicator.all_reduce(x, out=...)` passes it. `before(transport, arguments)` runs once the
-    buffers are made, before the schedule (the caller's own work on them)."""
+    buffers are made, before the schedule (the caller's own work on them). `levels`: a
+    hierarchical algorithm's sub-groups (as the communicator hands them on the channel)."""
     algo = lookup(collective, algorithm)
     traffic = Traffic(transport.size)
-    channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})", traffic)
+    channel = Channel(transport, COLLECTIVE_TAG_BASE, math.inf, f"{collective} ({algorithm})", traffic,
+                      levels)
     args = arguments(collective, transport.rank, transport.size, nbytes, dtype, root)
     if source and collective == "all_reduce" and algo.takes_source:
         args = (*args, symbolic(args[0].size, dtype))
@@ -117,8 +120,8 @@ def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: in
     def choose(level: str, step: str, nbytes: int) -> str:
         return inter_algorithm if level == "cross" else "binomial"   # inside: reduce, broadcast
 
-    transport.levels = Levels(layout, intra, inter, choose)
-    return run_algorithm(transport, collective, "hierarchical", nbytes, dtype)
+    return run_algorithm(transport, collective, "hierarchical", nbytes, dtype,
+                         levels=Levels(layout, intra, inter, choose))
 
 
 def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,
