@@ -1,6 +1,6 @@
 """How bytes move between ranks: one small interface (`base`), several transports behind it."""
 
-from .base import COLLECTIVE_TAG_BASE, Exchange, Reducer, Request, Traffic, Transport
+from .base import COLLECTIVE_TAG_BASE, Capabilities, Exchange, Reducer, Request, Traffic, Transport
 from .errors import (
     CollectiveMismatch,
     CollectiveTimeout,
@@ -12,7 +12,7 @@ from .errors import (
 )
 
 __all__ = [
-    "COLLECTIVE_TAG_BASE", "Exchange", "Reducer", "Request", "Traffic", "Transport",
+    "COLLECTIVE_TAG_BASE", "Capabilities", "Exchange", "Reducer", "Request", "Traffic", "Transport",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
     "PeerLost",
     "TransportError",
