@@ -92,7 +92,6 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         # in EXCHANGE_PASSES passes over every kind and size, the median of the passes' medians: a
         # burst of load on a shared machine falls on several entries a little rather than on one
         # (in one pass, a profile's plain 4 MiB exchange took 218, 261 and 324 us in three runs)
-        trips = getattr(pair.transport, "slow_trips", 0)   # the slow-slot switch (see below)
         passes = {name: {n: [] for n in PROFILE_MESSAGE_BYTES} for name in EXCHANGE_KINDS}
         for _ in range(EXCHANGE_PASSES):
             for name, how in EXCHANGE_KINDS.items():
@@ -113,9 +112,6 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
         written = {str(n): max(free, after_barrier_seconds(pair, n, rounds[n], written=True, fence=fence)
                                - start)
                    for n in PROFILE_MESSAGE_BYTES if n >= cma_from}
-        # whether the slots copied slowly while the exchanges were timed, so that the big ones went
-        # by cross-memory attach (`ShmTransport._timed_slot_copy`)
-        slots_slow = getattr(pair.transport, "slow_trips", 0) > trips
         # the exchanges of a planned small call (made persistent), at the sizes it plans
         for name, reduce in (("exchange_persistent_s", False), ("exchange_persistent_reduce_s", True)):
             exchanges[name] = {
@@ -137,7 +133,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     # the wake-ups put both ranks on one core themselves (from every core allowed)
     # the ping-pong receives as the schedules do, through the one-slot wait: its spin is that one's
     extra = {"start_s": start, "spin_s": spin, "wake_s": wake_seconds(pair, free, one_slot_spin),
-             "post_s": post, "slots_slow": float(slots_slow),
+             "post_s": post,
              "receive_reduce_s": receive_reduce, "one_slot_spin_s": one_slot_spin,
              "one_slot_wake_s": one_slot_wake_seconds(pair, exchange_small, one_slot_spin),
              **{f"{name}_{when}": float("nan") if value is None else value
@@ -181,7 +177,7 @@ def profile(comm: Communicator) -> dict:
         hold = mpi_barrier_hold_seconds(extra["one_slot_wake_s"])
         extra["barrier_hold_s"] = float("nan") if hold is None else hold
     modes = tuple(f"{name}_{when}" for name in MODE_FIELDS for when in ("before", "after"))
-    names = ("start_s", "spin_s", "wake_s", "post_s", "slots_slow", "receive_reduce_s", "one_slot_spin_s",
+    names = ("start_s", "spin_s", "wake_s", "post_s", "receive_reduce_s", "one_slot_spin_s",
              "one_slot_wake_s", "barrier_hold_s", *modes)
     shared = comm.broadcast(np.array([extra.get(name, float("nan")) for name in names]), root=0)
     measured = {name: float(value) for name, value in zip(names, shared, strict=True)}
@@ -201,8 +197,7 @@ def profile(comm: Communicator) -> dict:
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written, "send_s": send,
             **{name: value for name, value in measured.items()
-               if name not in modes and name != "slots_slow" and value == value},   # NaN: not measured
-            "slots_slow": measured["slots_slow"] == 1.0,
+               if name not in modes and value == value},   # NaN: not measured
             # the VM's mode while ranks 0 and 1 measured (`colls.bench.machine`): before, after
             **{field: [round(value, 1) if value == value else None   # NaN: not measured
                        for value in (measured[f"{field}_before"], measured[f"{field}_after"])]

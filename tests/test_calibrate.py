@@ -284,55 +284,6 @@ def test_a_fused_exchange_is_work_that_holds_the_core():
     assert seconds(1, replace(machine, send=())) == pytest.approx(5e-6)
 
 
-def test_a_big_plain_message_is_copied_by_both_ranks_as_shm_asks_its_sender_to_help():
-    import numpy as np
-
-    from transports.shm import HELP_BYTES
-    from transports.sim import SimWorld, symbolic
-
-    # shm's receiver of a big plain message asks its sender to copy half (`_ask_help`), as in the
-    # profile's messages: each rank copies as long as the message took there, at once
-    machine = replace(profile(2, 1), start=0.0)   # cross-memory attach: 10 us + 0.1 ns/B
-    n = 4 * MIB
-    assert n >= HELP_BYTES
-    assert SharedMemory(2, machine).route_for(0, 1, n).helped
-    assert not SharedMemory(2, machine).route_for(0, 1, 64 * KIB).helped
-    copy = n * 1e-10
-
-    def plain(transport):
-        buf = symbolic(n, np.uint8)
-        if transport.rank == 0:
-            transport.wait_all([transport.isend(buf, 1, 0)], float("inf"))
-        else:
-            transport.wait_all([transport.irecv(buf, 0, 0)], float("inf"))
-        return 0
-
-    def exchange(transport):   # a sendrecv's receive: no help (its sender is receiving too)
-        peer = 1 - transport.rank
-        transport.sendrecv(symbolic(n, np.uint8), peer, symbolic(n, np.uint8), peer, 0, float("inf"))
-        return 0
-
-    def seconds(body, cores: int) -> float:
-        world = SimWorld(2, SharedMemory(2, machine, cores))
-        world.run(body)
-        return max(world.finish_times)
-
-    assert seconds(plain, 2) == pytest.approx(10e-6 + copy)       # a core each: the measured message
-    assert seconds(plain, 1) == pytest.approx(10e-6 + 2 * copy)   # one core: one share, then the other
-    assert seconds(exchange, 1) < 10e-6 + 3 * copy                # two reads, no halves on top
-
-    def both_ways(transport):   # a receive and a send to the same peer posted apart, as `direct`'s
-        peer = 1 - transport.rank
-        receive = transport.irecv(symbolic(n, np.uint8), peer, 0)
-        transport.wait_all([receive, transport.isend(symbolic(n, np.uint8), peer, 0)], float("inf"))
-        return 0
-
-    # no help either (the peer reads my message meanwhile): each rank reads its own, as the exchange,
-    # not its half and its share of the other's on top (each as long as a whole helped message)
-    assert seconds(both_ways, 2) == pytest.approx(seconds(exchange, 2))
-    assert seconds(both_ways, 2) < 10e-6 + 1.5 * copy
-
-
 def test_profiles_combine_by_median_or_fastest(tmp_path):
     def write(name: str, ranks: int, eight_bytes: float) -> str:
         path = tmp_path / name
@@ -954,32 +905,10 @@ def test_the_ring_all_reduce_rewrites_the_half_its_peer_read_in_the_call_before(
     assert extra == pytest.approx(2 * MIB * 4e-10, rel=0.05)
     assert predict("all_to_all", "pairwise", 2, 4 * MIB, rewriting) == \
         pytest.approx(predict("all_to_all", "pairwise", 2, 4 * MIB, plain), rel=1e-9)
-    # through the FIFO the peer reads the slots, not my buffer: nothing to rewrite, unless the
-    # slots copied slowly and the all-gather's 128 KiB went by cross-memory attach (the reducing
-    # 128 KiB of the reduce-scatter stays in the slots: the switch takes those from 512 KiB)
+    # through the FIFO the peer reads the slots, not my buffer: nothing to rewrite
     fifo = replace(rewriting, rendezvous=MIB)
     base = predict("all_reduce", "ring", 2, 256 * KIB, replace(plain, rendezvous=MIB))
     assert predict("all_reduce", "ring", 2, 256 * KIB, fifo) == pytest.approx(base, rel=1e-9)
-    slow = predict("all_reduce", "ring", 2, 256 * KIB, replace(fifo, slots_slow=True))
-    assert slow - base == pytest.approx(128 * KIB * 4e-10, rel=0.05)
-
-
-def test_with_more_ranks_than_cores_slow_slots_keep_big_messages_and_their_copies_pay_the_rewrite():
-    # the profile's pair (a core each) sent its 256 KiB by cross-memory attach while the slots
-    # copied slowly; 4 ranks on 2 cores keep them in the slots (no slow-slot switch), so the
-    # sender's copy into lines its receiver read the time before costs the rewrite on top
-    rewrite = tuple((n, n * 4e-10) for n in (64 * KIB, 64 * MIB))
-    slow = replace(profile(4, 2), rendezvous=MIB, rewrite=rewrite, slots_slow=True)
-    crowded = SharedMemory(4, slow)
-    crowded.time_sharing = replace(crowded.time_sharing, placement=(0, 1, 0, 1))
-    route = crowded.route_for(0, 1, 256 * KIB)
-    assert route.send_busy == pytest.approx(256 * KIB * 4e-10) and not route.reads_sender
-    assert crowded.route_for(0, 2, 256 * KIB).send_busy == 0.0       # one core: a hand-over
-    assert crowded.route_for(0, 1, 32 * KIB).send_busy == 0.0        # the pair's slots had these
-    roomy = SharedMemory(2, replace(slow, ranks=2)).route_for(0, 1, 256 * KIB)   # a core each: the switch
-    assert roomy.reads_sender and roomy.send_busy == 0.0
-    fast = SharedMemory(2, replace(slow, ranks=2, slots_slow=False)).route_for(0, 1, 256 * KIB)
-    assert not fast.reads_sender and fast.send_busy == 0.0
 
 
 def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cross_memory_attach(monkeypatch):
@@ -1004,7 +933,9 @@ def test_the_rewrite_is_measured_alike_on_both_ranks_and_is_nothing_without_cros
 
     measured = both(5)
     assert measured[0] is not None and measured[0] == measured[1] and measured[0] >= 0.0
-    monkeypatch.setenv("COLLS_SHM_CMA", "0")   # the peer's memory may not be read: nothing to price
+    from transports import cma
+
+    monkeypatch.setattr(cma, "_readv", None)   # no process_vm_readv here: nothing to price
     assert both(5) == [0.0, 0.0]
 
 
@@ -1152,18 +1083,17 @@ def test_colls_tune_profiles_the_one_slot_exchange_at_every_size(tmp_path):
     assert len(measured["round_trip_ns"]) == 2 and all(0 < t < 1e6 for t in measured["round_trip_ns"])
     assert len(measured["exchange_us"]) == 2 and all(1 < t < 1e6 for t in measured["exchange_us"])
     # a write of lines the peer has just read, from the sizes a message may go by cross-memory
-    # attach (0 where the kernel does not allow it); whether the slots copied slowly meanwhile
+    # attach (0 where the kernel does not allow it)
     rewrite = {int(n): seconds for n, seconds in measured["rewrite_after_read_s"].items()}
     assert min(rewrite) == 64 * KIB and max(rewrite) == max(PROFILE_MESSAGE_BYTES)
     assert all(seconds >= 0 for seconds in rewrite.values())
-    assert isinstance(measured["slots_slow"], bool)
     # the exchanges of a planned small call, made persistent, at the sizes a call is planned
     for table in ("exchange_persistent_s", "exchange_persistent_reduce_s"):
         assert sorted(int(n) for n in measured[table]) == [n for n in PROFILE_MESSAGE_BYTES if n <= 64 * KIB]
         assert all(seconds > 0 for seconds in measured[table].values())
     assert machine.exchange_persistent_reduce[0] == \
         (8, pytest.approx(measured["exchange_persistent_reduce_s"]["8"]))
-    assert machine.rewrite == tuple(sorted(rewrite.items())) and machine.slots_slow == measured["slots_slow"]
+    assert machine.rewrite == tuple(sorted(rewrite.items()))
 
 
 @pytest.mark.timeout(150)

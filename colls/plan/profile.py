@@ -48,7 +48,7 @@ def _linear(points: list[tuple[int, float]], nbytes: int) -> float:
 
 @dataclass(frozen=True)
 class Profile:
-    """One machine at one number of ranks, as `colls.tune.profile` measured it (see there)."""
+    """One machine at one number of ranks, as `colls.tune_profile.profile` measured it (see there)."""
 
     ranks: int
     cores: int
@@ -95,14 +95,12 @@ class Profile:
     exchange_huge: tuple[tuple[int, float], ...] = ()
     # (bytes, seconds) a rank's write of that many bytes of a buffer costs on top of a plain one when
     # a rank on another core has just read them by cross-memory attach, both ranks writing at once
-    # (`colls.tune.rewrite_after_read_seconds`); empty: unmeasured, nothing
+    # (`colls.tune_probes.rewrite_after_read_seconds`); empty: unmeasured, nothing
     rewrite: tuple[tuple[int, float], ...] = ()
-    # whether the profile's transport sent big messages by cross-memory attach because its slots
-    # copied slowly (`ShmTransport.slow_trips`), and the size a plain exchange from huge pages
-    # moves so from (`exchange_huge_bytes`; 0: unknown)
-    slots_slow: bool = False
+    # the size a plain exchange from huge pages moves by cross-memory attach from
+    # (`exchange_huge_bytes`; 0: unknown)
     exchange_huge_rendezvous: int = 0
-    # (bytes, seconds) of the exchanges a planned small call makes, persistent (`colls.tune.
+    # (bytes, seconds) of the exchanges a planned small call makes, persistent (`colls.tune_probes.
     # persistent_exchange_seconds`): plain into another buffer, and a float32 sum in place
     exchange_persistent: tuple[tuple[int, float], ...] = ()
     exchange_persistent_reduce: tuple[tuple[int, float], ...] = ()
@@ -164,7 +162,6 @@ class Profile:
                    if all(e.get("exchange_huge_s") for e in entries) else (),
                    rewrite=median_table("rewrite_after_read_s")
                    if all(e.get("rewrite_after_read_s") for e in entries) else (),
-                   slots_slow=combine([float(e.get("slots_slow", False)) for e in entries]) > 0.5,
                    exchange_huge_rendezvous=int(combine([e["exchange_cma_bytes"]["plain_huge"]
                                                          for e in entries]))
                    if all("plain_huge" in e.get("exchange_cma_bytes", {}) for e in entries) else 0,

@@ -55,9 +55,6 @@ from transports.sim import Link, Route, SimTransport, TimeSharing, root_of
 from .profile import Profile, _linear
 from .simulate import run_algorithm, run_world
 
-# the shm transport no longer has help copies or a slow-slot switch: sizes no message reaches
-HELP_BYTES = SLOW_FROM_BYTES = SLOW_REDUCE_FROM_BYTES = 1 << 62
-
 PLAN_BYTES = 64 << 10   # calls up to this size cost mostly software: their exchanges are modelled apart
 REFERENCE_SECONDS_PER_BYTE = 1e-10   # the links' unit: a route's byte_weight is its β(n) over this
 
@@ -115,29 +112,6 @@ class SharedMemory:
         if profile.exchange_seconds(0) is None:   # an older profile: exchanges as two messages
             self.exchange_route = None
 
-    @property
-    def slow_slot_switch(self) -> bool:
-        """Whether big messages went by cross-memory attach because the slots copied slowly: as
-        the profile's pair found them, where every rank has a core (with more ranks than cores the
-        shm transport keeps them in the slots: `ShmTransport.__init__`)."""
-        return self.profile.slots_slow and not self.shares_cores
-
-    def _slot_rewrite(self, src: int, dst: int, nbytes: int, reducing: bool | str = False) -> float:
-        """What a message's copy into the slots adds to its sender's work while they copy slowly
-        and the transport keeps it there (more ranks than cores), priced from the tables of the
-        profile's pair, which sent it by cross-memory attach: each slot's lines were read by the
-        receiver's core the time before, so the copy takes them back (`Profile.rewrite`). None
-        between ranks placed on one core."""
-        profile = self.profile
-        if not (profile.rewrite and profile.slots_slow and self.shares_cores):
-            return 0.0
-        if nbytes < (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES):
-            return 0.0   # the pair kept these in its slots too: their times have it
-        placement = self.time_sharing.placement
-        if placement and placement[src] == placement[dst]:
-            return 0.0
-        return profile.rewrite_seconds(nbytes)
-
     def _together(self, src: int, dst: int) -> bool:
         """Whether two ranks are pinned to one core (more ranks than cores)."""
         placement = self.time_sharing.placement
@@ -172,10 +146,8 @@ class SharedMemory:
         if nbytes >= profile.exchange_limit(reducing) and not huge:
             return None
         # priced from the tables, but moved by cross-memory attach all the same: from huge pages
-        # beyond their threshold, or beyond the slow-slot sizes while the slots copy slowly
-        attached = ((huge and 0 < profile.exchange_huge_rendezvous <= nbytes)
-                    or (self.slow_slot_switch
-                        and nbytes >= (SLOW_REDUCE_FROM_BYTES if reducing else SLOW_FROM_BYTES)))
+        # beyond their threshold
+        attached = huge and 0 < profile.exchange_huge_rendezvous <= nbytes
         persistent = (profile.exchange_persistent_reduce if reducing else profile.exchange_persistent
                       ) if self.planned else ()
         persistent = persistent if persistent and nbytes <= persistent[-1][0] else ()
@@ -220,8 +192,6 @@ class SharedMemory:
             copy = self._local_copy(nbytes)
             return Route(least.alpha, (), f"fifo to {dst}", eager=True, send_busy=least.send_busy + copy,
                          receive_busy=least.receive_busy + copy)
-        if not attached:
-            send_busy += self._slot_rewrite(src, dst, nbytes, reducing)
         return Route(seconds - send_busy - receive_busy, (), f"fifo to {dst}", eager=True,
                      send_busy=send_busy, receive_busy=receive_busy, reads_sender=attached)
 
@@ -239,9 +209,6 @@ class SharedMemory:
         alpha = max(0.0, alpha - self.post_seconds)   # the sender paid its post already
         port = f"fifo to {dst}"   # one FIFO per peer: headers to different peers do not queue
         if nbytes < self.profile.rendezvous:
-            # (while the slots copy slowly, a big one goes by cross-memory attach, as measured)
-            attached = self.slow_slot_switch and nbytes >= SLOW_FROM_BYTES
-            rewrite = 0.0 if attached else self._slot_rewrite(src, dst, nbytes)
             if self.footprint > nbytes:
                 # a piece of a bigger call copies at no better rate than a copy of the call's
                 # size, as the exchanges and the reads below: its lines come from where the call's
@@ -265,22 +232,18 @@ class SharedMemory:
                 # 64 pieces through 3 hops of two copies on 2 cores, came out at 1073 us; 5391
                 # measured)
                 return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
-                             receive_busy=nbytes * beta / 2, reads_sender=attached, send_busy=rewrite)
+                             receive_busy=nbytes * beta / 2)
             return Route(alpha, (self.cpu[src], self.cores), "fifo out", weight, eager=True,
-                         then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight,
-                                    reads_sender=attached), send_busy=rewrite, reads_sender=attached)
+                         then=Route(0.0, (self.cpu[dst], self.cores), "fifo out", weight))
         size = max(nbytes, self.footprint)   # a piece of a bigger call copies at the call's size's rate
         if size > nbytes:
             beta = self.profile.message_cost(size)[1] or beta
-        # from HELP_BYTES the receiver of a plain message asks its sender to copy half, as it did
-        # in the profile: each copies what the profile's message took (both at once there)
-        helped = nbytes >= HELP_BYTES
         if written:
             return Route(alpha, (), port, rendezvous=True, pull=beta * self.profile.written_slowdown(size),
-                         pull_contended=beta * self.profile.written_contention(size), helped=helped,
+                         pull_contended=beta * self.profile.written_contention(size),
                          reads_sender=True)
         return Route(alpha, (), port, rendezvous=True, pull=beta,
-                     pull_contended=beta * self.profile.contention(size), helped=helped, reads_sender=True)
+                     pull_contended=beta * self.profile.contention(size), reads_sender=True)
 
 
 def persistent_steps(collective: str, algorithm: str, ranks: int, nbytes: int) -> bool:

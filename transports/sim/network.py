@@ -60,11 +60,6 @@ class Route:
     # its spin; one that copies does not
     send_busy: float = 0.0
     receive_busy: float = 0.0
-    # a pulled message whose receiver asks its sender to copy half (shm's `_ask_help`: a big plain
-    # message into a receive not made by a sendrecv; a sendrecv's from small pages into huge ones,
-    # which shm has its sender write whole, is not modelled apart): the sender then copies as long as the
-    # receiver does, on its own core when it runs, and the send completes when both have
-    helped: bool = False
 
 
 class IdealNetwork:

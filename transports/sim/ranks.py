@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 class _SimRequest(Request):
-    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key", "pulled", "helpable", "joins")
+    __slots__ = ("owner", "watched", "buf", "reducer", "posted", "key", "pulled")
 
     def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray, owner: _Rank,
                  reducer: Reducer | None = None) -> None:
@@ -42,8 +42,6 @@ class _SimRequest(Request):
         # work the owner does when it runs: (seconds alone, seconds while another rank pulls, the
         # request it completes or None); contended None: its own copy, which no other pull slows
         self.pulled: tuple[float, float | None, _SimRequest | None] | None = None
-        self.helpable = True   # a receive whose sender may be asked to copy half (`Route.helped`)
-        self.joins = 1         # completions it waits for (a helped send: the receiver's and its own)
 
 
 class _Message:
@@ -101,7 +99,6 @@ class _Rank:
         self.ports: dict[str, _Port] = {}
         self.unmatched_sends: dict[tuple, deque[_Message]] = {}   # by (group, source, tag)
         self.unmatched_recvs: dict[tuple, deque[_SimRequest]] = {}
-        self.sends_to: dict[int, list[_SimRequest]] = {}   # its sends by world rank, the last not done
         self.result: object = None
         self.finished = False
 

@@ -102,9 +102,7 @@ class SimTransport(Transport):
             fused = world.exchange_route(self.me.rank, self.group.world_ranks[dst], send_buf.nbytes,
                                          reducing, written, after_work)
         send = self._send(send_buf, dst, tag, fused)
-        # (shm asks no half-help for a sendrecv's receive: its sender is receiving too; one from
-        # small pages into huge ones, written whole by its sender, is priced as any exchange)
-        receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None, helpable=False)
+        receive = self._post_recv(recv_buf, src, tag, reducer, post=fused is None)
         self.me.in_sendrecv = fused is not None
         try:
             self.wait_all([send, receive], deadline)
@@ -123,9 +121,6 @@ class SimTransport(Transport):
         else:   # the fused step's own copying in
             me.clock = max(me.clock, world.now) + route.send_busy * me.slowdown
         request = _SimRequest("send", peer, tag, buf, me)
-        pending = [sent for sent in me.sends_to.get(receiver.rank, ()) if not sent.done]
-        pending.append(request)
-        me.sends_to[receiver.rank] = pending
         data = None
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
@@ -157,13 +152,12 @@ class SimTransport(Transport):
         return self._post_recv(buf, peer, tag, reducer)
 
     def _post_recv(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
-                   post: bool = True, helpable: bool = True) -> Request:
+                   post: bool = True) -> Request:
         me = self.me
         if self.world.written is not None:
             _written(buf, pays=False)   # what arrives is written into it by this rank (when it lands)
         me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
-        request.helpable = helpable
         key = (self.group.id, peer, tag)
         sent = me.unmatched_sends.get(key)
         if sent:
@@ -199,7 +193,7 @@ class SimTransport(Transport):
                     alone, contended, completes = pulled
                     if contended is not None:
                         me.clock = self.world.pull(start, alone, contended, completes)
-                    else:   # its own copy: a fused exchange's, or its half of a helped message
+                    else:   # its own copy: a fused exchange's
                         me.clock = start + alone
                         if completes is not None:
                             self.world._push(me.clock, _COMPLETE, completes)

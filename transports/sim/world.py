@@ -199,9 +199,7 @@ class SimWorld:
                 elif kind == _PORT_START:
                     self._start_flow(what)
                 else:
-                    what.joins -= 1
-                    if what.joins <= 0:
-                        self._done_request(what)
+                    self._done_request(what)
             elif self._dirty:
                 self._update_rates()
             elif events:
@@ -348,32 +346,19 @@ class SimWorld:
         route = message.route
         if self.after_work_bytes is not None and recv.nbytes >= self.after_work_bytes:
             recv.owner.after_work = True
-        read = recv.nbytes   # bytes of the sender's buffer the receiver's core reads (if it does)
-        rewrite = _rewrite_seconds(self, recv.buf) * recv.owner.slowdown if self.unpaid else 0.0
-        work += rewrite
+        if self.unpaid:
+            work += _rewrite_seconds(self, recv.buf) * recv.owner.slowdown
         if route.pull:   # the receiver copies (and reduces) when it runs again
             per_byte = recv.nbytes * recv.owner.slowdown
-            send = message.send
-            # (shm asks no help of a sender that is reading a message of mine meanwhile)
-            busy = any(not sent.done for sent in recv.owner.sends_to.get(message.sender.rank, ()))
-            if route.helped and recv.reducer is None and recv.helpable and not busy:
-                # its half, and its sender the other: as the profile's message, two copies at once
-                # (a read beside it slows it no more: that is the other rank's copy, priced apart)
-                recv.pulled = (per_byte * route.pull + rewrite, per_byte * route.pull + rewrite, send)
-                read -= recv.nbytes // 2
-                send.joins += 1
-                send.pulled = (recv.nbytes * message.sender.slowdown * route.pull, None, send)
-                self._wake(send)
-            else:
-                recv.pulled = (per_byte * route.pull + work,
-                               per_byte * (route.pull_contended or route.pull) + work, send)
+            recv.pulled = (per_byte * route.pull + work,
+                           per_byte * (route.pull_contended or route.pull) + work, message.send)
         elif route.receive_busy:   # a fused exchange: it copies out (and reduces) on its own core
             recv.pulled = (route.receive_busy * recv.owner.slowdown + work, None, None)
         else:
             done += work
         if self.read_by_peers is not None and route.reads_sender and self._apart(message.sender, recv.owner):
             root = root_of(message.send.buf)
-            self.read_by_peers.setdefault(id(root), [root, 0])[1] += read
+            self.read_by_peers.setdefault(id(root), [root, 0])[1] += recv.nbytes
         if message.data is not None and not is_symbolic(recv.buf) and recv.nbytes:
             incoming = message.data.reshape(-1).view(np.uint8).view(recv.buf.dtype)
             if recv.reducer is None:
@@ -402,13 +387,6 @@ class SimWorld:
         self._pulls.append(end)
         self._push(end, _COMPLETE, send)
         return end
-
-    def _wake(self, request: _SimRequest) -> None:
-        """`request` has work for its owner (`pulled`): resume the owner if it waits on it."""
-        owner = request.owner
-        if request.watched and owner.outstanding > 0:
-            owner.outstanding = 0
-            self._runnable.append(owner)
 
     def _done_request(self, request: _SimRequest) -> None:
         request.done = True
