@@ -1,4 +1,5 @@
-"""Ordering of a communicator's calls: blocking ones inline, `async_op=True` ones on a worker.
+"""Ordering of a communicator's calls: blocking ones inline, `async_op=True` ones and persistent
+requests' starts on a worker.
 
 Every rank issues a communicator's collectives in the same order, and each transport matches
 messages in posting order, so the calls must also *run* in issue order. A blocking call on an idle
