@@ -9,6 +9,7 @@ finish at once (a busy FIFO, a late peer, another tag first) it leaves to the ge
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from ..base import Reducer
 from .fifo import HEAD, HEADER_FIELDS, RENDEZVOUS_CHUNK, TAIL, In, chunk_mismatch
 
 DIRECT_POLLS = 200           # polls the direct path makes for a message before it posts a receive
+# and at most this long yielding (on a busy machine each yield may hand the core to another process
+# for a whole time slice: 150 of them took seconds, past a 10 ms deadline the direct path never reads)
+DIRECT_YIELD_S = 0.001
 
 
 class DirectPath:
@@ -71,7 +75,10 @@ class DirectPath:
                 self.progress()
             polls += 1
             if polls >= self.spin_polls:
-                if polls >= DIRECT_POLLS:
+                now = time.monotonic()         # (only once yielding, a syscall dearer than the clock)
+                if polls == self.spin_polls:
+                    give_up = now + DIRECT_YIELD_S
+                if polls >= DIRECT_POLLS or now > give_up:
                     return False           # a slow peer: the general path waits with deadlines
                 os.sched_yield()           # ranks may outnumber cores: let the sender run
         return True
