@@ -17,6 +17,7 @@ from algorithms.channel import Channel
 from transports.base import COLLECTIVE_TAG_BASE, Traffic
 from transports.sim import IdealNetwork, SimTransport, SimWorld, symbolic
 
+from .. import config
 from .topology import Cluster
 
 
@@ -75,7 +76,7 @@ def simulate_pipeline(training, cluster: Cluster, forward: float, backward: floa
     nbytes = training.activation_bytes // training.tp
 
     def run(network) -> tuple[float, int]:
-        world = SimWorld(training.world, network, cluster.gamma)
+        world = SimWorld(training.world, network, cluster.gamma, threads=config.get("COLLS_SIM_THREADS"))
         sent = world.run(lambda t: one_f_one_b(t.subgroup(groups[t.rank], None), training.micro_batches,
                                                forward, backward, nbytes))
         return max(world.finish_times), max(sent)

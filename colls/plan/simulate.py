@@ -23,6 +23,8 @@ from algorithms.hierarchical import Layout, Levels
 from transports.base import COLLECTIVE_TAG_BASE, Traffic
 from transports.sim import SimTransport, SimWorld, symbolic
 
+from .. import config
+
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 
 
@@ -128,7 +130,8 @@ def run_world(size: int, network, body: Callable[[SimTransport], object], gamma:
               copy_seconds_per_byte: float = 0.0, slowdown: dict[int, float] | None = None,
               what: tuple[str, str, int] = ("", "", 0)) -> Result:
     """Run `body` on every rank of a fresh `SimWorld`; the result's time is the slowest rank's."""
-    world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown)
+    world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown,
+                     threads=config.get("COLLS_SIM_THREADS"))
     start = time.perf_counter()
     sent = world.run(body)
     wall = time.perf_counter() - start

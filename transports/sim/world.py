@@ -11,7 +11,6 @@ import functools
 import heapq
 import itertools
 import math
-import os
 from collections import deque
 from collections.abc import Callable
 
@@ -46,12 +45,14 @@ class SimWorld:
     """A simulated cluster of `size` ranks over `network`; `run(body)` runs body(transport) on each.
 
     `gamma`: seconds per byte reduced; `copy_seconds_per_byte`: per byte copied by algorithm code;
-    `slowdown[rank]`: a factor on that rank's α, γ and copies (a straggler).
+    `slowdown[rank]`: a factor on that rank's α, γ and copies (a straggler); `threads`: run the
+    ranks as threads even where greenlet is installed (`COLLS_SIM_THREADS`, read by `colls plan`).
     """
 
     def __init__(self, size: int, network, gamma: float = 0.0, copy_seconds_per_byte: float = 0.0,
-                 slowdown: dict[int, float] | None = None) -> None:
+                 slowdown: dict[int, float] | None = None, threads: bool = False) -> None:
         self.size = size
+        self.threads = threads
         self.network = network
         self.gamma = gamma
         self.copy_seconds_per_byte = copy_seconds_per_byte
@@ -104,7 +105,7 @@ class SimWorld:
         """Run `body(transport)` on every rank to completion; returns their results in rank order."""
         group = _Group(0, list(range(self.size)))
         transports = [SimTransport(self, group, r) for r in range(self.size)]
-        use_threads = _greenlet is None or os.environ.get("COLLS_SIM_THREADS") == "1"
+        use_threads = _greenlet is None or self.threads
         self._fibers = _Threads(stack_bytes) if use_threads else _Greenlets()
         self._fibers.start(self.ranks, [functools.partial(self._rank_main, rank, body, transport)
                                         for rank, transport in zip(self.ranks, transports, strict=True)])
