@@ -210,7 +210,7 @@ def test_ranks_leave_a_barrier_down_its_tree_and_time_their_call_from_there():
 def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
     from types import SimpleNamespace
 
-    from transports.sim import _Cores
+    from transports.sim.ranks import _Cores
 
     cores = _Cores(TimeSharing(1, spin=1e-3, wake=5e-5))
     a, b = (SimpleNamespace(core=None, wake=0.0, in_sendrecv=False, in_barrier=False) for _ in range(2))
@@ -228,7 +228,7 @@ def test_a_rank_whose_wait_ends_within_its_spin_keeps_its_core():
 def test_a_rank_that_returned_keeps_its_core_as_long_as_mpis_barrier_polls():
     from types import SimpleNamespace
 
-    from transports.sim import _Cores
+    from transports.sim.ranks import _Cores
 
     # colls bench's ranks wait in MPI's barrier once their call is done: it yields after its own
     # measured hold, not after colls' spin
@@ -995,7 +995,7 @@ def test_placed_ranks_take_only_their_own_core():
     from types import SimpleNamespace
 
     from colls.plan.shared_memory import placements
-    from transports.sim import _Cores
+    from transports.sim.ranks import _Cores
 
     # ranks 0 and 1 on core 0, rank 2 on core 1: rank 1 waits for core 0 even while core 1 is idle
     cores = _Cores(TimeSharing(2, spin=1e-3, wake=5e-5, placement=(0, 0, 1)))

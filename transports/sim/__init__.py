@@ -26,7 +26,6 @@ The package: `symbolic` (buffers without data), `network` (links, routes, time s
 """
 
 from .network import IdealNetwork, Link, Route, TimeSharing
-from .ranks import _Cores
 from .symbolic import SymbolicArray, is_symbolic, root_of, symbolic
 from .transport import REAL_COPY_BYTES, SimTransport
 from .world import SimulationFailed, SimWorld
@@ -41,7 +40,6 @@ __all__ = [
     "SimulationFailed",
     "SymbolicArray",
     "TimeSharing",
-    "_Cores",
     "is_symbolic",
     "root_of",
     "symbolic",
