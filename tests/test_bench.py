@@ -192,14 +192,14 @@ def test_ranks_that_fail_at_start_say_why_and_leave_no_mpich_segment(tmp_path):
 
     before = mpich_segments()
     result = colls_bench("-n", "2", "-c", "all_gather", "-b", "1M", "-e", "1M", "--iters", "3",
-                         "--no-baselines", cwd=tmp_path, COLLS_SHM_EXCHANGE_CMA_BYTES="1MiB")
+                         "--no-baselines", cwd=tmp_path, COLLS_SHM_SLOTS="four")
     assert result.returncode != 0
-    assert "COLLS_SHM_EXCHANGE_CMA_BYTES='1MiB': give the size in bytes, an integer" in result.stderr
+    assert "COLLS_SHM_SLOTS='four': give an integer" in result.stderr
     # every rank called MPI_Abort: MPICH never unlinked its segment, colls bench did
     assert mpich_segments() - before == set()
     # set but empty: as if unset
     empty = colls_bench("-n", "2", "-c", "all_gather", "-b", "1M", "-e", "1M", "--iters", "3",
-                        "--no-baselines", cwd=tmp_path, COLLS_SHM_EXCHANGE_CMA_BYTES="")
+                        "--no-baselines", cwd=tmp_path, COLLS_SHM_SLOTS="")
     assert empty.returncode == 0, empty.stdout + empty.stderr
 
 
