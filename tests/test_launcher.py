@@ -285,7 +285,7 @@ def test_launch_function_runs_a_program(tmp_path: Path, capfd: pytest.CaptureFix
 
 
 def test_job_environment_and_bad_arguments() -> None:
-    assert job_environment(1, 4, "shm", "/tmp/r", "abc")["COLLS_LOCAL_RANK"] == "1"
+    assert job_environment(1, 4, "shm", "rendezvous-dir", "abc")["COLLS_LOCAL_RANK"] == "1"
     with pytest.raises(ValueError):
         launch(["x.py"], nprocs=0)
     with pytest.raises(ValueError):
@@ -322,7 +322,7 @@ needs_mpiexec = pytest.mark.skipif(not MPIEXEC.exists(),
 @pytest.mark.parametrize("transport,signum", [("mpi", signal.SIGTERM), ("shm", signal.SIGHUP),
                                               ("mpi", signal.SIGHUP)])
 def test_a_terminating_signal_to_the_launcher_stops_every_rank(tmp_path: Path, transport, signum) -> None:
-    """Found by review (2026-12-05): under --transport mpi a SIGTERM left mpiexec and every rank
+    """Found by review: under --transport mpi a SIGTERM left mpiexec and every rank
     running (mpiexec leads a session of its own), and a SIGHUP (a closed terminal) orphaned the
     ranks on either transport."""
     if transport == "mpi" and not MPIEXEC.exists():
@@ -355,7 +355,7 @@ def test_a_terminating_signal_to_the_launcher_stops_every_rank(tmp_path: Path, t
 @pytest.mark.timeout(90)
 @needs_mpiexec
 def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path) -> None:
-    """Found by review (2026-12-05): the others wait in MPI_Init (no deadline) for a rank that
+    """Found by review: the others wait in MPI_Init (no deadline) for a rank that
     exited with a code (not a signal) before it got there, and the job never ended; their MPICH
     segment stayed in /dev/shm when they were stopped."""
     script = write_script(tmp_path, "early.py", """
@@ -380,7 +380,7 @@ def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path
 @needs_mpiexec
 def test_a_rank_that_raises_between_collectives_under_mpiexec_releases_its_peers(tmp_path: Path,
                                                                                   transport) -> None:
-    """Found by review (2026-12-05): under mpiexec a rank that raised outside a collective waited in
+    """Found by review: under mpiexec a rank that raised outside a collective waited in
     MPI_Finalize while its peers waited for it in their next collective, until their deadline (five
     minutes by default), and nobody named it. It now aborts the world as it goes."""
     script = write_script(tmp_path, "raiser.py", """
@@ -404,7 +404,7 @@ def test_a_rank_that_raises_between_collectives_under_mpiexec_releases_its_peers
 @pytest.mark.timeout(90)
 @needs_mpiexec
 def test_ranks_under_an_outer_launcher_form_a_job_of_their_own(tmp_path: Path) -> None:
-    """Found by review (2026-12-05): `colls.spawn` under mpiexec, and `colls run` with an MVAPICH
+    """Found by review: `colls.spawn` under mpiexec, and `colls run` with an MVAPICH
     rank variable set, gave ranks that each joined the outer job (worlds of one) instead of theirs."""
     spawner = write_script(tmp_path, "spawner.py", """
         import colls
@@ -420,7 +420,7 @@ def test_ranks_under_an_outer_launcher_form_a_job_of_their_own(tmp_path: Path) -
 
 @pytest.mark.timeout(60)
 def test_the_rendezvous_waits_as_long_as_init_is_told(tmp_path: Path) -> None:
-    """Found by review (2026-12-05): `colls.init(timeout=2)` waited its rendezvous' fixed 60 s for a
+    """Found by review: `colls.init(timeout=2)` waited its rendezvous' fixed 60 s for a
     rank that never came."""
     script = write_script(tmp_path, "absent.py", """
         import os, sys, time

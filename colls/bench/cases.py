@@ -111,11 +111,10 @@ def fresh_array(count: int, dtype) -> np.ndarray:
     """An uninitialised array of `count` elements; from 128 KiB in anonymous memory mapped for it
     alone (unmapped when the array goes), as glibc's malloc gives a process's first big blocks.
     Once a big block is freed, malloc serves the next ones of that size from its heap instead, so
-    a bench's later points would run on other memory than its first: 2026-12-05, a 2-rank 16 MiB
-    broadcast took 542-578 us as a run's only point, 788-796 us after the all_reduces up to 16 MiB,
-    and one process's 16 MiB copy 839 us after a 24 MiB array was freed against 662 us before.
-    (Holding malloc's threshold instead, with mallopt, made every temporary buffer MPICH allocates
-    inside MPI_Allreduce a fresh mapping too, and its 1-16 MiB calls 2-2.6x slower.)"""
+    a bench's later points would run on other memory than its first, measurably slower (a big
+    broadcast or copy by tens of percent). (Holding malloc's threshold instead, with mallopt, made
+    every temporary buffer MPICH allocates inside MPI_Allreduce a fresh mapping too, and its
+    MiB-sized calls about twice as slow.)"""
     dtype = np.dtype(dtype)
     nbytes = count * dtype.itemsize
     if nbytes < MAPPED_FROM_BYTES:

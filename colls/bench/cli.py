@@ -174,7 +174,7 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
         remove_job_segments(job)
     if status != 0:
         _report_rank_errors(spec, spec_path)
-    # (after a clean exit too: 2026-12-05, one was left by jobs that had all exited 0)
+    # (after a clean exit too: jobs whose ranks had all exited 0 have left one)
     remove_orphaned_mpich_segments(segments_before)
     return status
 

@@ -1,20 +1,18 @@
 """How fast ranks 0 and 1 reach each other's cache lines right now: the machine's mode.
 
-On a virtual machine the host moves the guest's CPUs about: on this project's 2-CPU VM a cache
-line's round trip between two pinned processes takes ~260-300 ns for minutes (the CPUs behave like
-two threads of one host core), then ~630-790 ns for minutes (two cores apart), and every copy
-between ranks changes speed with it (bench/RESULTS.md). `colls bench` records the round trip
-before and after each point and `colls tune --profile` before and after its messages, so that
-`colls plan calibrate --round-trip LO-HI` can compare measurements made in one mode.
+On a virtual machine the host moves the guest's CPUs about: a cache line's round trip between two
+pinned processes may be short for minutes (the CPUs behave like two threads of one host core),
+then twice as long or more for minutes (two cores apart), and every copy between ranks changes
+speed with it. `colls bench` records the round trip before and after each point and `colls tune
+--profile` before and after its messages, so that `colls plan calibrate --round-trip LO-HI` can
+compare measurements made in one mode.
 
-The round trip does not tell a third state apart (2026-12-05): copies into memory the other core
-has just read run about five times slower, a 1 MiB exchange through the FIFO's slots taking ~500
-us against ~80, at round trips of 660-870 ns either way, from one launch of the ranks to the next.
+The round trip does not tell every state apart: in one, copies into memory the other core has just
+read run several times slower at the same round trip, from one launch of the ranks to the next.
 So `CoreLink` also times exchanges of 256 KiB through shared memory (`exchange_us`): ranks 0 and 1
 each write a buffer of their own while the other writes its, then read the other's, as a FIFO
-exchange does: 40-47 us in launches where that 1 MiB exchange took 78-81 us, 140-179 us in
-launches where it took 489-519 us. (Taking turns instead, one rank copying at a time, read 14-20
-us in both.)
+exchange does; that time follows the FIFO's. (Taking turns instead, one rank copying at a time,
+does not: it reads the same in both states.)
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-ROUND_TRIPS = 2000   # ~0.5-1.6 ms a measurement on the reference machine
+ROUND_TRIPS = 2000   # a millisecond or two a measurement
 EXCHANGE_BYTES = 256 << 10   # what ranks 0 and 1 each write and the other reads (one FIFO slot)
 EXCHANGES = 20       # exchanges a measurement times, after half as many untimed
 SLEEP_S = 2e-4       # how often a rank that waits out a measurement looks whether it is over
@@ -198,10 +196,9 @@ def mode_fields(before: tuple[float | None, float | None], after: tuple[float | 
 def current_cpu() -> int | None:
     """The CPU this process ran on last (Linux's /proc/self/stat, field 39); None where unknown.
     With more ranks than cores the kernel keeps each rank on one core's run queue for the whole of
-    a launch, and where it put them sets the call's time (4 ranks on 2 cores, 2026-12-05, launches
-    of one state: a 256 KiB binomial broadcast took 144-166 us with ranks 0 and 3 on different
-    cores and 307 us with them together; every one of 250 calls of a launch found the ranks where
-    the first had), so `colls bench` records it around each point (`cpus`)."""
+    a launch, and where it put them sets the call's time (4 ranks on 2 cores: a binomial broadcast
+    about twice as slow with ranks 0 and 3 on one core as apart, and every call of a launch finds
+    the ranks where the first did), so `colls bench` records it around each point (`cpus`)."""
     try:
         with open("/proc/self/stat") as stat:
             return int(stat.read().rsplit(")", 1)[1].split()[36])

@@ -217,9 +217,8 @@ def run_point(world, colls: Colls, baselines: list, case: Case, spec: Spec,
 def pin_rank(world) -> tuple[int, ...]:
     """`--pin`: this rank onto the (rank mod C)-th of the C CPUs it may run on; every rank's index.
     With more ranks than CPUs the kernel otherwise deals the ranks out differently from one run to
-    the next (4 ranks on 2 cores, 2026-12-05, five launches each: a 1 MiB broadcast took ~540 us in
-    some launches and 950-1000 us in others unpinned; 890-1000 us in every launch with ranks 0 and
-    1 on one core; 554-566 us, or 123-126 in the machine's other state, pinned as here)."""
+    the next, and a call's time with them (4 ranks on 2 cores: a 1 MiB broadcast nearly twice as
+    slow in some unpinned launches as in others; pinned as here, the same in every launch)."""
     allowed = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {allowed[world.Get_rank() % len(allowed)]})
     (cpu,) = os.sched_getaffinity(0)   # what the kernel holds this rank to now, as every rank reports
@@ -241,8 +240,8 @@ def run_sizes(world, colls: Colls, baselines: list, spec: Spec, table: Table | N
     rank, ranks = world.Get_rank(), world.Get_size()
     rooflines: dict[int, dict] = {}
     # a run's first point came out slower than the same point measured again, for every contender
-    # (2-rank 8 B all_reduce, 2026-12-05: 22.6 us as a run's first point, 6.4 for the 16 B point
-    # after it; MPI's 13.7 and 5.5): the first point is run once untimed, for all of them alike
+    # (a small all_reduce two to three times slower, MPI's too): the first point is run once
+    # untimed, for all of them alike
     if spec.collectives and spec.sizes:
         warm = make_case(spec.collectives[0], spec.sizes[0], spec.op, spec.dtype, rank, ranks)
         run_point(world, colls, baselines, warm, spec, {}, None)
@@ -329,7 +328,7 @@ def main(argv: list[str]) -> int:
         # The peers are blocked in a collective that this rank will never enter, and a collective
         # teardown would hang too: say why, then abort every rank (as `python -m mpi4py` does).
         # Why goes to a file that `colls bench` prints: Hydra drops what a rank wrote to its
-        # stderr when an abort ends the job first (2026-12-05, CI: an empty stderr).
+        # stderr when an abort ends the job first (seen in CI: an empty stderr).
         reason = traceback.format_exc()
         try:
             with open(error_path(argv[0], world.Get_rank()), "w") as handle:
