@@ -15,7 +15,7 @@ import pytest
 
 from colls.launcher import cleanup_job_segments, job_environment, launch
 from transports.base import process_alive
-from transports.segment import mpich_segments
+from transports.segment import _unmapped, mpich_segments
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -358,8 +358,9 @@ def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path
     """Found by review: the others wait in MPI_Init (no deadline) for a rank that
     exited with a code (not a signal) before it got there, and the job never ended; their MPICH
     segment stayed in /dev/shm when they were stopped."""
-    script = write_script(tmp_path, "early.py", """
+    script = write_script(tmp_path, "early.py", f"""
         import os, time
+        open(os.path.join({str(tmp_path)!r}, "pid." + os.environ["PMI_RANK"]), "w").write(str(os.getpid()))
         if os.environ["PMI_RANK"] == "2":
             time.sleep(0.5)
             raise SystemExit("rank 2 fails before colls.init")
@@ -372,7 +373,11 @@ def test_a_rank_that_exits_before_init_under_mpiexec_ends_the_job(tmp_path: Path
     assert done.returncode == 1, done.stderr[-500:]
     assert "rank 2 exited with code 1" in done.stderr
     assert time.monotonic() - began < 30
-    assert not mpich_segments() - before
+    # once our ranks are gone, none of their segments is left: a new one still there is another
+    # job's (tests and jobs may run beside this one), mapped by that job's live ranks
+    pids = [int(pid_file.read_text()) for pid_file in tmp_path.glob("pid.*")]
+    assert len(pids) == 3 and wait_until(lambda: not any(process_alive(pid) for pid in pids), 30)
+    assert not _unmapped(mpich_segments() - before), mpich_segments() - before
 
 
 @pytest.mark.timeout(90)
