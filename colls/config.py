@@ -224,7 +224,8 @@ def check_all() -> None:
 SECTIONS = (
     ("core", "Options", "What a user may set for any program that uses colls."),
     ("transport", "Transport options",
-     "Options of one transport, read by `colls.init` and given to the transport when it is made."),
+     "Options of one transport, read where colls makes it (`colls.init`; the sim transport: `colls plan`) "
+     "and given to its constructor: a transport itself reads no environment."),
     ("launcher", "Set by the launchers",
      "`colls run`, `colls.spawn`, `colls bench` and `colls fuzz` set these for each rank; "
      "do not set them yourself."),
@@ -260,7 +261,8 @@ def markdown() -> str:
              "(a communicator's options when it is made), so a script may set one before it calls "
              "`colls.init`. An unset or empty variable takes its default; a value of the wrong kind "
              "is an `InvalidArgument` naming the variable and what to give. Arguments win over "
-             "variables: `colls.init(transport=...)`, `timeout=`, `algorithm=`.", ""]
+             "variables: `colls.init(transport=...)`, `timeout=`, `algorithm=`. `colls config` prints "
+             "each variable's value in the current environment, and checks those set.", ""]
     for section, title, text in SECTIONS:
         lines += [f"## {title}", "", text, "", "| variable | type | default | meaning |",
                   "| --- | --- | --- | --- |"]
