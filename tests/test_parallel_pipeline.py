@@ -143,10 +143,12 @@ BUBBLES = [("gpipe", dict(pp=3, micro_batches=6), "local"),
            ("interleaved", dict(pp=2, chunks=2, micro_batches=4), "shm")]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("strategy,grid,transport", BUBBLES)
 def test_measured_bubble_is_the_formula_when_stages_cost_the_same(strategy, grid, transport):
-    setup = Setup(model=SMALL, steps=3, batch=12, stage_seconds=0.02, **grid)
+    # stages of 0.1 s: long beside a busy machine's scheduling delays of a few ms per hand-off
+    # (at 0.02 s, two CPU hogs on 2 cores put every median bubble 0.06-0.12 off the formula)
+    setup = Setup(model=SMALL, steps=3, batch=12, stage_seconds=0.1, **grid)
     part = check_run(strategy, setup, transport)   # problems() holds the median bubble to the margin
     median = sorted(row["bubble_mean"] for row in part["steps"])[1]
     assert abs(median - part["bubble_formula"]) <= pipeline_report.BUBBLE_MARGIN, part["steps"]
