@@ -109,6 +109,8 @@ def test_transport_flag_wins_and_exported_transport_is_kept(tmp_path: Path) -> N
     exported = colls_run("-n", "1", script, COLLS_TRANSPORT="local")
     assert parse_env_lines(flagged.stdout)[0]["COLLS_TRANSPORT"] == "mpi"
     assert parse_env_lines(exported.stdout)[0]["COLLS_TRANSPORT"] == "local"
+    refused = colls_run("-n", "1", script, COLLS_TRANSPORT="pigeon")   # before any rank starts
+    assert refused.returncode == 2 and "COLLS_TRANSPORT='pigeon': choose one of" in refused.stderr
 
 
 @pytest.mark.timeout(60)
