@@ -232,12 +232,26 @@ def virtual_host(rank: int, nprocs: int, hosts: int) -> str:
 
 def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None,
            timeout: float | None = None, env: dict | None = None, hosts: int | None = None) -> int:
-    """Run `python <argv_of_program>` as `nprocs` ranks; return 0, the first failure's status, 124 or 130.
+    """Run `python <argv_of_program>` as `nprocs` ranks, relay their output, and stop them all
+    as soon as one fails (`colls run`).
 
-    `env` adds variables for every rank on top of ours; the exit status follows the shell's rules
-    (128 + signal for a rank killed by a signal or a launcher interrupted by SIGINT/SIGTERM).
-    `hosts` splits the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
-    `argv_of_program` may begin with the Python to use, as under mpiexec (`python script.py`).
+    Args:
+        argv_of_program: `script.py args` or `-m module args`, optionally after the Python to run
+            them under, as under mpiexec (`python script.py args`).
+        nprocs: the number of ranks.
+        transport: `shm`, `cuda_ipc` or `mpi` (handed over to mpiexec); None: COLLS_TRANSPORT (in
+            `env`, else ours), else shm.
+        timeout: seconds after which every rank is killed (status 124); None: no limit.
+        env: variables every rank gets on top of ours.
+        hosts: split the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
+
+    Returns:
+        The job's exit status by the shell's rules: 0, the first failing rank's code (128 + signal
+        for one killed by a signal), 124 on timeout, 128 + signal when the launcher was signalled.
+
+    Raises:
+        ValueError: an argument it does not take (InvalidArgument for a bad COLLS_TRANSPORT),
+            before any rank starts.
     """
     if hosts is not None and not 1 <= hosts <= nprocs:
         raise ValueError(f"hosts must be between 1 and nprocs ({nprocs}), not {hosts}")

@@ -40,8 +40,23 @@ def spawn(fn: Callable[..., Any], nprocs: int, transport: str = "shm", args: tup
           timeout: float | None = None, hosts: Sequence[str] | None = None) -> list[Any]:
     """Run `fn(comm, *args)` on `nprocs` ranks and return their results in rank order.
 
-    `hosts` names a (virtual) host per rank, as COLLS_HOST would, so that collectives run across
-    hosts (hierarchically) on one machine.
+    Args:
+        fn: called on every rank with that rank's world communicator and `args`; with `shm` or
+            `cuda_ipc` in a forked process, so a function defined in a notebook works.
+        nprocs: the number of ranks.
+        transport: `local` (threads of this process), `shm` or `cuda_ipc` (processes).
+        args: more positional arguments for `fn`.
+        timeout: seconds a collective may wait (as `colls.init(timeout=)`); the whole run is given
+            up a few seconds after it. None: COLLS_TIMEOUT's.
+        hosts: a (virtual) host name per rank, as COLLS_HOST would give, so that collectives run
+            across hosts (hierarchically) on one machine.
+
+    Returns:
+        What `fn` returned on each rank, in rank order (sent back by pickle from processes).
+
+    Raises:
+        InvalidArgument: `nprocs`, `transport` or `hosts` is not one spawn takes.
+        SpawnError: a rank raised, died or outlived the timeout; the others were stopped first.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise InvalidArgument(f"spawn: nprocs must be a positive int, got {nprocs!r}")
