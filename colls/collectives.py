@@ -75,8 +75,14 @@ class Collectives:
         if type(x) is not np.ndarray or not x.flags.c_contiguous:   # (else nothing to convert: no call)
             x = check.array("all_reduce", x)
         description = self._describe("all_reduce", x, op, None, algorithm)
-        if out is None and type(x) is np.ndarray:
+        if type(x) is not np.ndarray:
+            result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
+        elif out is None:
             result = work = np.empty(x.shape, x.dtype)
+        elif out is x and x.flags.writeable or (type(out) is np.ndarray and out.shape == x.shape
+                                                and out.dtype == x.dtype and out.flags.c_contiguous
+                                                and out.flags.writeable):
+            result = work = out   # (what `check.result` concludes for a usable out, without the call)
         else:
             result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
         source = None
@@ -94,7 +100,8 @@ class Collectives:
             return Persistent(self, description, self._run_all_reduce, args, limit)
         return self._execute(description, self._run_all_reduce, args, async_op, limit)
 
-    def _run_all_reduce(self, channel, description, x, work, result, source) -> np.ndarray:
+    def _run_all_reduce(self, channel, description, args) -> np.ndarray:
+        x, work, result, source = args
         flat = work if work.ndim == 1 else work.reshape(-1)
         op = description.op
         if source is not None:
@@ -155,7 +162,8 @@ class Collectives:
             return Persistent(self, description, self._run_broadcast, args, limit)
         return self._execute(description, self._run_broadcast, args, async_op, limit)
 
-    def _run_broadcast(self, channel, description, x, work, result) -> np.ndarray:
+    def _run_broadcast(self, channel, description, args) -> np.ndarray:
+        x, work, result = args
         if work is not x and channel.rank == description.root:
             work[...] = x
         description.algorithm.run(channel, work if work.ndim == 1 else work.reshape(-1), description.root)
@@ -196,7 +204,8 @@ class Collectives:
             send = x.copy().reshape(-1)
         return self._execute(description, self._run_reduce, (x, work, result, send), async_op, limit)
 
-    def _run_reduce(self, channel, description, x, work, result, send):
+    def _run_reduce(self, channel, description, args):
+        x, work, result, send = args
         op = description.op
         if work is None:   # not the root: the tree folds into a copy of my input
             description.algorithm.run(channel, self._scratch(x) if send is None else send, op,
@@ -283,7 +292,8 @@ class Collectives:
             return Persistent(self, description, self._run_blocks, args, limit)
         return self._execute(description, self._run_blocks, args, async_op, limit)
 
-    def _run_blocks(self, channel, description, x, send, work, result) -> np.ndarray:
+    def _run_blocks(self, channel, description, args) -> np.ndarray:
+        x, send, work, result = args
         if send is None:
             send = self._scratch(x)
         flat = work if work.ndim == 1 else work.reshape(-1)
@@ -342,7 +352,8 @@ class Collectives:
             return Persistent(self, description, self._run_reduce_scatter, args, limit)
         return self._execute(description, self._run_reduce_scatter, args, async_op, limit)
 
-    def _run_reduce_scatter(self, channel, description, x, send, work, result) -> np.ndarray:
+    def _run_reduce_scatter(self, channel, description, args) -> np.ndarray:
+        x, send, work, result = args
         flat = work if work.ndim == 1 else work.reshape(-1)
         op = description.op
         description.algorithm.run(channel, self._scratch(x) if send is None else send, flat, op)
@@ -375,7 +386,8 @@ class Collectives:
         description = self._describe("all_to_all_v", x, None, None, algorithm)
         return self._execute(description, self._run_all_to_all_v, (x, counts), async_op, limit)
 
-    def _run_all_to_all_v(self, channel, description, x, counts):
+    def _run_all_to_all_v(self, channel, description, args):
+        x, counts = args
         row = int(np.prod(x.shape[1:], dtype=np.int64))
         send_elements = [c * row for c in counts]
         # first the counts (one int64 per peer, pairwise), then the rows themselves
@@ -416,7 +428,8 @@ class Collectives:
             result, work = check.result("gather", out, description.out_shape, x.dtype, like=x)
         return self._execute(description, self._run_gather, (x, work, result), async_op, limit)
 
-    def _run_gather(self, channel, description, x, work, result):
+    def _run_gather(self, channel, description, args):
+        x, work, result = args
         description.algorithm.run(channel, x.reshape(-1), None if work is None else work.reshape(-1),
                                   description.root)
         return None if work is None else _deliver(result, work)
@@ -458,7 +471,8 @@ class Collectives:
             send = None if send is None else send.reshape(-1)
         return self._execute(description, self._run_scatter, (x, send, work, result), async_op, limit)
 
-    def _run_scatter(self, channel, description, x, send, work, result):
+    def _run_scatter(self, channel, description, args):
+        x, send, work, result = args
         if send is None and channel.rank == description.root:
             send = self._scratch(x)
         description.algorithm.run(channel, send, work.reshape(-1), description.root)
@@ -483,7 +497,7 @@ class Collectives:
         return self._execute(description, _run_barrier, (), async_op, limit)
 
 
-def _run_barrier(channel, description) -> None:
+def _run_barrier(channel, description, args) -> None:
     description.algorithm.run(channel)
 
 

@@ -121,7 +121,7 @@ class Communicator(Collectives):
 
     def _execute(self, description: Description, body: Callable[..., Any], args: tuple, async_op: bool,
                  limit: float) -> Result:
-        """Run `body(channel, description, *args)` as the communicator's next call: it takes its
+        """Run `body(channel, description, args)` as the communicator's next call: it takes its
         number (and so its tag) now, in issue order, and runs after every call issued before it:
         in this thread for a blocking call on an idle communicator, else on the worker."""
         if self.closed:
@@ -157,11 +157,11 @@ class Communicator(Collectives):
         tracer = self._tracer
         try:
             if not tracer.active:
-                return body(channel, description, *args)
+                return body(channel, description, args)
             start = time.perf_counter()
             if tracer.debug:
                 fingerprint.check(channel, description, name.seq)   # before any data moves
-            result = body(channel, description, *args)
+            result = body(channel, description, args)
         except BaseException as error:
             if tracer.active:
                 tracer.failed(name, error)
