@@ -102,10 +102,19 @@ class Schedule(NamedTuple):
 
 
 def run_schedule(channel, send, out, schedule: Schedule) -> None:
-    """Copy my own block, then make the schedule's exchanges in order, on flat `send` and `out`."""
-    if schedule.copy_from is not None:
+    """Copy my own block into `out`, and make the schedule's exchanges in order, on flat `send` and
+    `out`. Where the first exchange sends from `send`, the copy comes after it: my first message
+    then goes out at once, rather than keep a peer that waits for it waiting through my copy (it
+    lands in a block the copy does not touch)."""
+    steps = schedule.steps
+    copy = schedule.copy_from is not None
+    if copy and (not steps or steps[0].from_out):
         out[schedule.copy_to] = send[schedule.copy_from]
-    for dst, from_out, outgoing, src, incoming, reducer in schedule.steps:
+        copy = False
+    for dst, from_out, outgoing, src, incoming, reducer in steps:
         held = out if from_out else send
         channel.exchange(held if outgoing is None else held[outgoing], dst,
                          out if incoming is None else out[incoming], src, reducer)
+        if copy:   # my first message is on its way: now my own block
+            out[schedule.copy_to] = send[schedule.copy_from]
+            copy = False
