@@ -80,13 +80,11 @@ def save_rules(transport: str, size: int, collective: str, rules: Rules) -> Path
 
 
 def save_tuned(transport: str, machine: Machine | None, size: int = 0,
-               rules: dict[str, Rules] | None = None, settings: dict | None = None) -> Path:
-    """Record what `colls tune` measured for `transport` (constants, rules for `size` ranks by
-    collective, and the transport's own `settings`, such as shm's `exchange_cma`) in one write,
-    keeping everything else in the file."""
+               rules: dict[str, Rules] | None = None) -> Path:
+    """Record what `colls tune` measured for `transport` (constants, and rules for `size` ranks by
+    collective) in one write, keeping everything else in the file."""
     table = read_tune_file()
     entry = table.get(transport) if isinstance(table.get(transport), dict) else {}
-    entry.update(settings or {})
     if machine is not None:
         entry.update({"alpha": machine.alpha, "beta": machine.beta, "gamma": machine.gamma})
     if rules:
