@@ -12,22 +12,22 @@ and an `async_op=True` call a copy made at issue (its caller may change `x` befo
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from algorithms import SUM, Op, lookup
 from algorithms.blocks import offsets, run_schedule
 
+from .describe import Result, apart_from, deliver
 from .device import module_of
+from .gather_scatter import GatherScatter
 from .persistent import Persistent
 
-Result = Any  # the array (or None), or a Work handle when async_op=True
+__all__ = ["Collectives", "Result"]
 
 
-class Collectives:
-    """Mixin with every collective; `Communicator` supplies `_check`, `_describe`, `_execute`,
-    `_scratch`, `rank` and `size`."""
+class Collectives(GatherScatter):
+    """Mixin with every collective (gather and scatter in `GatherScatter`); `Communicator` supplies
+    `_check`, `_describe`, `_execute`, `_scratch`, `rank` and `size`."""
 
     # -- all_reduce ------------------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ class Collectives:
                 description.algorithm.run(channel, flat, op)
         if op.finishes:
             op.finish(flat, channel.size)
-        return work if result is work else _deliver(result, work)
+        return work if result is work else deliver(result, work)
 
     # -- broadcast -------------------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ class Collectives:
         if work is not x and channel.rank == description.root:
             work[...] = x
         description.algorithm.run(channel, work if work.ndim == 1 else work.reshape(-1), description.root)
-        return work if result is work else _deliver(result, work)
+        return work if result is work else deliver(result, work)
 
     # -- reduce ----------------------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class Collectives:
         flat = work.reshape(-1)
         description.algorithm.run(channel, flat, op, description.root)
         op.finish(flat, channel.size)
-        return _deliver(result, work)
+        return deliver(result, work)
 
     # -- all_gather ------------------------------------------------------------------------------
 
@@ -301,7 +301,7 @@ class Collectives:
             run_schedule(channel, send, flat, description.schedule)
         else:
             description.algorithm.run(channel, send, flat)
-        return work if result is work else _deliver(result, work)
+        return work if result is work else deliver(result, work)
 
     # -- reduce_scatter --------------------------------------------------------------------------
 
@@ -358,7 +358,7 @@ class Collectives:
         op = description.op
         description.algorithm.run(channel, self._scratch(x) if send is None else send, flat, op)
         op.finish(flat, channel.size)
-        return work if result is work else _deliver(result, work)
+        return work if result is work else deliver(result, work)
 
     # -- the rest --------------------------------------------------------------------------------
 
@@ -401,83 +401,6 @@ class Collectives:
                                   out.reshape(-1), recv_elements, offsets(recv_elements))
         return out, recv_counts
 
-    def gather(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
-               async_op: bool = False, timeout: float | None = None) -> Result:
-        """Concatenate every rank's `x` along axis 0 on `root`.
-
-        Args:
-            x: this rank's block (same shape and dtype on every rank).
-            root: the rank that gets the result.
-            out: where the root's result goes, of shape (size * rows, ...).
-            algorithm, async_op, timeout: as for `all_reduce`.
-
-        Returns:
-            The gathered array on the root, None on the others (or a `Work` handle).
-
-        Raises:
-            InvalidArgument: a bad argument, before any byte moves.
-            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
-        """
-        check = self._check
-        limit = self.timeout if timeout is None else check.timeout("gather", timeout)
-        x = check.rows("gather", check.array("gather", x))
-        root = check.root("gather", root)
-        description = self._describe("gather", x, None, root, algorithm)
-        result = work = None
-        if self.rank == root:
-            result, work = check.result("gather", out, description.out_shape, x.dtype, like=x)
-        return self._execute(description, self._run_gather, (x, work, result), async_op, limit)
-
-    def _run_gather(self, channel, description, args):
-        x, work, result = args
-        description.algorithm.run(channel, x.reshape(-1), None if work is None else work.reshape(-1),
-                                  description.root)
-        return None if work is None else _deliver(result, work)
-
-    def scatter(self, x, root: int = 0, out: np.ndarray | None = None, algorithm: str | None = None,
-                async_op: bool = False, timeout: float | None = None) -> Result:
-        """Give rank i block i of the root's `x` (axis 0 in size equal blocks).
-
-        Every rank passes an `x` of the root's shape and dtype (only the root's contents are read),
-        or an `out` of the block's shape, as MPI ranks describe their receive buffers.
-
-        Args:
-            x: the blocks on the root; on the others, an array of its shape, or None with `out`.
-            root: the rank whose blocks are sent.
-            out: where this rank's block goes.
-            algorithm, async_op, timeout: as for `all_reduce`.
-
-        Returns:
-            This rank's block (`out` where given), or a `Work` handle.
-
-        Raises:
-            InvalidArgument: a bad argument, before any byte moves.
-            CollectiveTimeout, PeerLost, CommunicatorAborted: the call could not complete.
-        """
-        check = self._check
-        limit = self.timeout if timeout is None else check.timeout("scatter", timeout)
-        if x is None and out is not None and self.rank != root:
-            x = module_of(out).empty((self.size * out.shape[0], *out.shape[1:]) if out.ndim else (self.size,),
-                                    out.dtype)
-        x = check.rows("scatter", check.array("scatter", x))
-        root = check.root("scatter", root)
-        description = self._describe("scatter", x, None, root, algorithm)
-        result, work = check.result("scatter", out, description.out_shape, x.dtype, like=x)
-        send = None
-        if self.rank == root:
-            # the root's blocks are read after its own lands in `out`: an `out` over `x` needs a copy
-            send = apart_from(x, work)
-            send = x.copy() if send is None and async_op else send
-            send = None if send is None else send.reshape(-1)
-        return self._execute(description, self._run_scatter, (x, send, work, result), async_op, limit)
-
-    def _run_scatter(self, channel, description, args):
-        x, send, work, result = args
-        if send is None and channel.rank == description.root:
-            send = self._scratch(x)
-        description.algorithm.run(channel, send, work.reshape(-1), description.root)
-        return _deliver(result, work)
-
     def barrier(self, algorithm: str | None = None, async_op: bool = False,
                 timeout: float | None = None) -> Result:
         """Return only once every rank of the group has entered the barrier.
@@ -499,26 +422,3 @@ class Collectives:
 
 def _run_barrier(channel, description, args) -> None:
     description.algorithm.run(channel)
-
-
-def apart_from(x: np.ndarray, work: np.ndarray, own: int | None = None) -> np.ndarray | None:
-    """`x`, or None when the output overlaps it (in place): blocks are read after others land, so the
-    body sends from a copy. An all_gather's input that is its own block of the output (`own`: the
-    rank; torch's all_gather_into_tensor on a chunk of its output) is taken where it lies: every
-    all_gather algorithm writes only the other blocks, and numpy's copy of a block onto itself
-    moves nothing, where copying it out first would cost a pass over the whole input."""
-    if not np.may_share_memory(x, work):
-        return x
-    if (own is not None and type(x) is np.ndarray and type(work) is np.ndarray   # (device arrays: copied)
-            and x.flags.c_contiguous and work.flags.c_contiguous
-            and x.__array_interface__["data"][0] == work.__array_interface__["data"][0] + own * x.nbytes):
-        return x
-    return None
-
-
-def _deliver(result: np.ndarray | None, work: np.ndarray) -> np.ndarray:
-    """The call's result: `work`, copied into a strided `out` where one was given."""
-    if result is not None and result is not work:
-        result[...] = work
-        return result
-    return work

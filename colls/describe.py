@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from .device import as_cupy, is_cuda_dlpack, is_cupy, module_of
 from .selection import Selector
 
 BUILTIN_OPS = frozenset(BUILTIN.values())   # Op hashes by identity
+Result = Any  # what a collective returns: the array (or None), or a Work handle when async_op=True
 
 
 def fixed_op(op: object) -> bool:
@@ -261,3 +263,26 @@ class Validator:
         if sum(values) != total:
             raise self.fail(collective, f"{name} adds up to {sum(values)} rows but x has {total}")
         return values
+
+
+def apart_from(x: np.ndarray, work: np.ndarray, own: int | None = None) -> np.ndarray | None:
+    """`x`, or None when the output overlaps it (in place): blocks are read after others land, so the
+    body sends from a copy. An all_gather's input that is its own block of the output (`own`: the
+    rank; torch's all_gather_into_tensor on a chunk of its output) is taken where it lies: every
+    all_gather algorithm writes only the other blocks, and numpy's copy of a block onto itself
+    moves nothing, where copying it out first would cost a pass over the whole input."""
+    if not np.may_share_memory(x, work):
+        return x
+    if (own is not None and type(x) is np.ndarray and type(work) is np.ndarray   # (device arrays: copied)
+            and x.flags.c_contiguous and work.flags.c_contiguous
+            and x.__array_interface__["data"][0] == work.__array_interface__["data"][0] + own * x.nbytes):
+        return x
+    return None
+
+
+def deliver(result: np.ndarray | None, work: np.ndarray) -> np.ndarray:
+    """The call's result: `work`, copied into a strided `out` where one was given."""
+    if result is not None and result is not work:
+        result[...] = work
+        return result
+    return work
