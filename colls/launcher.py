@@ -21,6 +21,7 @@ import threading
 import time
 from typing import IO
 
+from transports.base import process_alive
 from transports.segment import SHM_DIR, mpich_segments, remove_job_segments, remove_orphaned_mpich_segments
 
 from . import config
@@ -326,6 +327,36 @@ RANK_GUARD = ('trap "" USR1; "$0" "$@"; status=$?; [ $status -gt 128 ] && '
               'echo "colls run: rank $PMI_RANK killed by signal SIG$(kill -l $status)" >&2; '
               '[ $status -ne 0 ] && echo $status > "$COLLS_DEATHS/$PMI_RANK"; exit $status')
 DEATH_GRACE_S = 10.0   # after a rank's death, how long the survivors get to raise, report and exit
+STRAGGLER_WAIT_S = 30.0   # how long killed ranks may take to go (a busy machine runs them late)
+
+
+def _stop_stragglers(marker: str) -> None:
+    """SIGKILL every process still running with `marker` ("COLLS_DEATHS=<dir>", unique to one job)
+    in its environment, and wait until they are gone: under mpiexec the ranks and MPI's proxies
+    lead sessions of their own, and once mpiexec has ended (or been killed) the proxies stop them
+    in their own time, which on a busy machine may be seconds later. `colls run` returns only when
+    its ranks are gone, so their MPICH segments can be removed."""
+    needle, mine = marker.encode(), os.getpid()
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == mine:
+            continue
+        try:
+            handle = os.pidfd_open(int(entry))   # the process itself, whatever pid reuse follows
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if needle in environ.read().split(b"\0"):
+                    signal.pidfd_send_signal(handle, signal.SIGKILL)
+                    killed.append(int(entry))
+        except OSError:
+            pass   # gone meanwhile, or not ours to read
+        finally:
+            os.close(handle)
+    deadline = time.monotonic() + STRAGGLER_WAIT_S
+    while any(process_alive(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
 
 
 def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str], list[str]]:
@@ -374,6 +405,7 @@ def _launch_with_mpiexec(command_of_rank: list[str], nprocs: int, env: dict[str,
             if child.poll() is None:   # only after an exception in the launcher itself
                 _signal_group(child, signal.SIGKILL)
                 child.wait()
+            _stop_stragglers(f"COLLS_DEATHS={deaths}")
             shutil.rmtree(deaths, ignore_errors=True)
             remove_orphaned_mpich_segments(segments_before)
     if child.returncode:
