@@ -143,7 +143,8 @@ VARIABLES: tuple[Variable, ...] = (
     _launcher("COLLS_RENDEZVOUS", "path", "the private directory where the ranks meet"),
     _launcher("COLLS_JOB", "text", "the job's name; its shared-memory segments are named after it"),
     _launcher("COLLS_DEATHS", "path",
-              "under `colls run --transport mpi`: where a rank that ended badly leaves its status"),
+              "under `colls run --transport mpi`: where a rank that ended badly leaves its status "
+              "(it also marks the job's processes, which the launcher stops at the end)"),
     _launcher("COLLS_FUZZ_REGISTERED", "bool",
               "under `colls fuzz --registered`: ranks put their buffers in registered memory"),
 )
