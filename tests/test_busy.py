@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HOG = "while True: pass"
 # each group's tests wait for states (ranks started, ranks gone) rather than sleeping a fixed time,
 # and assert no time but an order of magnitude (a deadline of 10 ms raising within a second, say)
 GROUPS = [
@@ -28,6 +27,8 @@ GROUPS = [
     "tests/test_reliability.py::test_killed_rank_is_named_by_every_survivor_within_seconds[plain]",
 ]
 LIMIT_S = 240   # the run takes one to two minutes on a busy 2-core machine; this only ends a hang
+# spins until killed, or ends by itself a while after the limit (should this test be killed first)
+HOG = f"import time\nend = time.monotonic() + {LIMIT_S + 60}\nwhile time.monotonic() < end: pass"
 
 
 def start_hogs(count: int) -> list[subprocess.Popen]:
