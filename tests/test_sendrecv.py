@@ -321,6 +321,26 @@ def test_big_broadcasts_arrive_whole(ranks):
     assert colls.spawn(_broadcast_sizes, ranks, transport="shm", timeout=40) == [[True, True]] * ranks
 
 
+def _helped(comm) -> list:
+    """A 3 MiB broadcast from rank 1, then a 3 MiB sendrecv each way: per step, whether the bytes
+    were right and the shares of its own messages each rank wrote into its peer (help copies)."""
+    transport, peer, n = comm.transport, 1 - comm.rank, (3 << 20) // 4 + 9
+    x = np.arange(n, dtype=np.float32) if comm.rank == 1 else np.zeros(n, np.float32)
+    comm.broadcast(x, root=1, out=x)
+    out = [[bool((x == np.arange(n, dtype=np.float32)).all()), transport.help_copies]]
+    mine, got = np.arange(n, dtype=np.int32) * (comm.rank + 2), np.zeros(n, np.int32)
+    transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
+    out.append([bool((got == np.arange(n) * (peer + 2)).all()), transport.help_copies])
+    return [out, transport.cma]
+
+
+@pytest.mark.timeout(60)
+def test_a_big_broadcasts_sender_writes_half_of_it_and_a_sendrecvs_does_not():
+    receiver, sender = _pair_with_attach(_helped)
+    assert receiver == [[True, 0], [True, 0]]
+    assert sender == [[True, 1], [True, 1]]
+
+
 def _protocols(comm, nbytes: int) -> list:
     """A plain and a reducing sendrecv of `nbytes`: the cross-memory reads each made (0 if none)."""
     transport, peer = comm.transport, 1 - comm.rank

@@ -28,8 +28,11 @@ try:
     _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
                        ctypes.c_ulong, ctypes.c_ulong]
     _readv.restype = ctypes.c_ssize_t
+    _writev = _libc.process_vm_writev
+    _writev.argtypes = _readv.argtypes
+    _writev.restype = ctypes.c_ssize_t
 except (OSError, AttributeError):
-    _readv = None
+    _readv = _writev = None
 
 
 def address_of(buf: np.ndarray) -> int:
@@ -46,6 +49,11 @@ def address_of(buf: np.ndarray) -> int:
 def read(pid: int, address: int, target: np.ndarray) -> None:
     """Copy `target.nbytes` bytes at `address` in process `pid` into the contiguous `target`."""
     _move(_readv, "process_vm_readv", pid, address, target)
+
+
+def write(pid: int, address: int, source: np.ndarray) -> None:
+    """Copy the contiguous `source` to `address` in process `pid` (process_vm_writev)."""
+    _move(_writev, "process_vm_writev", pid, address, source)
 
 
 # the most one process_vm_readv call moves (the kernel's MAX_RW_COUNT: 2 GiB less a page); a bigger

@@ -3,6 +3,7 @@
 - `fifo`: a FIFO's layout in a segment, the requests, message matching;
 - `options`: `ShmOptions` and the size thresholds that pick a message's protocol;
 - `rendezvous`: reading a big message whole out of its sender (cross-memory attach, registered memory);
+- `help`: rendezvous acks, and help copies (a waiting sender writes half of its big message);
 - `transport`: `ShmTransport` itself (posting, the blocking `sendrecv`, progress, aborts) and `shm_group`.
 """
 

@@ -83,9 +83,11 @@ class DirectPath:
                 os.sched_yield()           # ranks may outnumber cores: let the sender run
         return True
 
-    def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None) -> bool | In:
+    def _receive_now(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer | None,
+                     helpable: bool = False) -> bool | In:
         """Take the message from `peer` with `tag` straight out of its slots as they land, or out of
-        its sender if its header names its buffer, if nothing else is being received from `peer`.
+        its sender if its header names its buffer (`helpable`: with its sender's help, `help`), if
+        nothing else is being received from `peer`.
         True: done; false: nothing taken (post a receive); a request: begun, installed as the
         message being received from `peer`, to wait for."""
         n = buf.nbytes
@@ -106,7 +108,9 @@ class DirectPath:
             if request is None and size == RENDEZVOUS_CHUNK:
                 if got_tag != tag or message_bytes != n or not self.cma:
                     return False
-                request = In(peer, tag, buf, reducer)
+                request = In(peer, tag, buf, reducer, helpable=helpable)
+                if self._ask_help(peer, request, offset):
+                    return request         # (installed as `peer`'s current message)
                 self.peer_memory.read(peer, request, offset)
                 self._consume_rendezvous(peer, fifo, request, tail)
                 return True

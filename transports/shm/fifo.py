@@ -15,9 +15,11 @@ from ..base import Reducer, Request
 from ..errors import CollectiveMismatch
 from .options import ALIGN
 
-# int64 indices in a FIFO's control block: head (the sender's line), tail and acks (the receiver's)
-HEAD, TAIL, ACKS = 0, 8, 16
-CONTROL_BYTES = 192
+# int64 indices in a FIFO's control block: head (the sender's line), tail and acks (the receiver's),
+# a request to help copy (the receiver's line: number, target address, offset, bytes) and the
+# number of the last one done (the sender's); see `help`
+HEAD, TAIL, ACKS, HELP_ASK, HELP_DONE = 0, 8, 16, 24, 32
+CONTROL_BYTES = 320
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 # a header's chunk bytes that say the slot holds no chunk but how to read the message whole:
 RENDEZVOUS_CHUNK = -1        # the sender's buffer address (cross-memory attach)
@@ -68,16 +70,17 @@ class Out(Request):
 class In(Request):
     """A posted receive (or, `stash`, a message taken aside until a receive for its tag comes)."""
 
-    __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry")
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry", "helpable")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
-                 stash: bool = False) -> None:
+                 stash: bool = False, helpable: bool = False) -> None:
         super().__init__("recv", peer, tag, buf.nbytes)
         self.buf = buf
         self.data = buf.view(np.uint8)
         self.reducer = reducer
         self.pos = 0
         self.stash = stash
+        self.helpable = helpable   # its sender may be asked to copy half (not a sendrecv's: `help`)
         self.carry: np.ndarray | None = None   # the bytes of an element split between two chunks
 
     def take(self, chunk: np.ndarray) -> None:

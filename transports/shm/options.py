@@ -32,6 +32,9 @@ EXCHANGE_HUGE_BYTES = 2 << 20
 # A send from registered memory (`transports.registered`) goes by its region from here (the receiver
 # maps it once and copies at memory speed); below, through the slots.
 MAPPED_BYTES = 128 << 10
+# A big plain collective message's sender writes half of it while its receiver reads the other
+# half (`help`) from this size: two cores copy one message.
+HELP_BYTES = 1 << 20
 REDUCE_PIECE_BYTES = 256 << 10  # a rendezvous receive-reduce reads the sender's buffer in such pieces
 
 

@@ -41,6 +41,7 @@ from .fifo import (
     serve_stashed,
     take_posted,
 )
+from .help import Handshake
 from .liveness import HEADER_PAGE, LIVENESS_PERIOD_S, GroupLiveness
 from .options import (
     DEFAULT_OPTIONS,
@@ -58,7 +59,7 @@ from .rendezvous import PeerMemory, probe_mapping, probe_region
 OVERSUBSCRIBED_SPIN_POLLS = 5
 
 
-class ShmTransport(DirectPath, GroupLiveness, Transport):
+class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
     """One process's end of a shared-memory group (x86-64, one machine)."""
 
     name = "shm"
@@ -137,6 +138,7 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
         self.peer_memory = PeerMemory(rank, self.pids, self._lost)
+        self._init_help()
         # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
         own_cores = size <= self.cores
         self.spin_polls = Backoff.SPIN_POLLS if own_cores else OVERSUBSCRIBED_SPIN_POLLS
@@ -208,7 +210,7 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "shm receive")
-        return self._post(In(peer, tag, buf, None))
+        return self._post(In(peer, tag, buf, None, helpable=True))
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
         check_buffer(buf, "shm receive-reduce")
@@ -271,14 +273,14 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
                           reducer: Reducer | None) -> None:
         """A sendrecv's receive, straight out of the slots or the sender where it can, and the wait
         for it and for `send` (None: nothing to wait for)."""
-        taken = self._receive_now(recv_buf, src, tag, reducer)
+        taken = self._receive_now(recv_buf, src, tag, reducer, helpable=send is None)
         if taken is True:
             if send is not None:
                 if not send.done and send.ack:
                     self._spin_for_ack(send)
                 self.wait_all([send], deadline)
             return
-        receive = taken or self._post(In(src, tag, recv_buf, reducer))
+        receive = taken or self._post(In(src, tag, recv_buf, reducer, helpable=send is None))
         self.wait_all([receive] if send is None else [send, receive], deadline)
 
     def _spin_for_ack(self, send: Out) -> None:
@@ -332,37 +334,12 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
             self.active_out.discard(peer)
         return moved
 
-    def _collect_acks(self, peer: int) -> bool:
-        """Complete the rendezvous sends to `peer` that it has finished reading."""
-        awaiting = self.awaiting[peer]
-        if not awaiting:
-            return False
-        acked = self.outbound[peer].ctl[ACKS]
-        moved = False
-        while awaiting and awaiting[0].ack <= acked:
-            awaiting.pop(0).done = True
-            moved = True
-        return moved
-
-    def _consume_rendezvous(self, peer: int, fifo: Fifo, request: In, tail: int) -> int:
-        """Free the slot of a rendezvous header at `tail` whose message is in, ack it (the sender's
-        buffer is free again) and complete the receive; returns the new tail."""
-        tail += 1
-        self.read_tail[peer] = tail
-        fifo.control[TAIL] = tail
-        self.acks_given[peer] += 1
-        fifo.control[ACKS] = self.acks_given[peer]
-        request.pos = request.nbytes
-        request.done = True
-        self.current[peer] = None
-        if request.stash:
-            self._serve_stash(peer)
-        return tail
-
     def _pull(self, peer: int) -> bool:
         """Consume the chunks that `peer` has published, into matching receives."""
         fifo = self.inbound[peer]
-        moved = False
+        moved = self.helping[peer] != 0
+        if moved and not self._finish_helped(peer):
+            return False
         tail = self.read_tail[peer]
         head = int(fifo.control[HEAD])
         while tail < head:
@@ -376,6 +353,9 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
                 self.current[peer] = request
             whole = request.pos == 0 and message_bytes == request.nbytes
             if n == RENDEZVOUS_CHUNK and self.cma and whole:
+                if self._ask_help(peer, request, offset):
+                    self.read_tail[peer] = tail
+                    return True            # (`_finish_helped` ends it)
                 self.peer_memory.read(peer, request, offset)
                 tail = self._consume_rendezvous(peer, fifo, request, tail)
                 moved = True
@@ -443,19 +423,23 @@ class ShmTransport(DirectPath, GroupLiveness, Transport):
             return
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
-        while True:
-            if self.progress():
-                backoff.reset()
-            if all(r.done for r in requests):
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                raise timeout_error(requests, deadline)
-            if now >= next_liveness:
-                next_liveness = now + LIVENESS_PERIOD_S
-                self.check_aborted()
-                self._check_alive(requests)
-            backoff.pause()
+        try:
+            while True:
+                if self.progress():
+                    backoff.reset()
+                if all(r.done for r in requests):
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    raise timeout_error(requests, deadline)
+                if now >= next_liveness:
+                    next_liveness = now + LIVENESS_PERIOD_S
+                    self.check_aborted()
+                    self._check_alive(requests)
+                backoff.pause()
+        except BaseException:   # my buffers are given back: no helping sender may write them now
+            self._withdraw_help(requests)
+            raise
 
     # -- groups and teardown ---------------------------------------------------------------------
 
