@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ..base import Reducer
-from .fifo import HEAD, HEADER_FIELDS, RENDEZVOUS_CHUNK, TAIL, In, chunk_mismatch
+from .fifo import ADDRESSED, HEAD, HEADER_FIELDS, RENDEZVOUS_PUSHABLE, TAIL, In, chunk_mismatch
 
 DIRECT_POLLS = 200           # polls the direct path makes for a message before it posts a receive
 # and at most this long yielding (on a busy machine each yield may hand the core to another process
@@ -105,11 +105,11 @@ class DirectPath:
             slot = tail % self.slots
             field = slot * HEADER_FIELDS   # (a memoryview's words: a tenth of numpy's cost to read)
             got_tag, message_bytes, offset, size = hdr[field], hdr[field + 1], hdr[field + 2], hdr[field + 3]
-            if request is None and size == RENDEZVOUS_CHUNK:
+            if request is None and size in ADDRESSED:
                 if got_tag != tag or message_bytes != n or not self.cma:
                     return False
                 request = In(peer, tag, buf, reducer, helpable=helpable)
-                if self._ask_help(peer, request, offset):
+                if self._ask_help(peer, request, offset, size == RENDEZVOUS_PUSHABLE):
                     return request         # (installed as `peer`'s current message)
                 self.peer_memory.read(peer, request, offset)
                 self._consume_rendezvous(peer, fifo, request, tail)

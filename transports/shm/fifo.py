@@ -24,6 +24,8 @@ HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 # a header's chunk bytes that say the slot holds no chunk but how to read the message whole:
 RENDEZVOUS_CHUNK = -1        # the sender's buffer address (cross-memory attach)
 RENDEZVOUS_MAPPED = -2       # its place in registered memory: region id, descriptor, offset, region bytes
+RENDEZVOUS_PUSHABLE = -3     # the sender's address, and it will write the message all if asked (`help`)
+ADDRESSED = (RENDEZVOUS_CHUNK, RENDEZVOUS_PUSHABLE)
 
 
 class Fifo:
@@ -55,9 +57,10 @@ def fifo_bytes(chunk: int, slots: int) -> int:
 class Out(Request):
     """A posted send: queued chunks, or (`rendezvous`) an address its receiver reads and acks."""
 
-    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region")
+    __slots__ = ("data", "pos", "started", "ack", "rendezvous", "region", "pushable")
 
-    def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool, region=None) -> None:
+    def __init__(self, peer: int, tag: int, buf: np.ndarray, rendezvous: bool, region=None,
+                 pushable: bool = False) -> None:
         super().__init__("send", peer, tag, buf.nbytes)
         self.data = buf.view(np.uint8)
         self.pos = 0
@@ -65,6 +68,7 @@ class Out(Request):
         self.ack = 0          # for a rendezvous send: the peer's ack count that completes it
         self.rendezvous = rendezvous or region is not None
         self.region = region  # a `transports.registered.Region` its receiver maps
+        self.pushable = pushable   # its receiver may ask me to write it all (`help`)
 
 
 class In(Request):

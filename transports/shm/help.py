@@ -8,6 +8,11 @@ halves are in. Not for a reduction (the sender cannot combine into my buffer), a
 its own to make: helping would put its copy for me before its own read), nor a receive from a
 peer I am sending to myself (it is reading mine meanwhile).
 
+Pushes: an exchange's plain message sent from small pages into a receive buffer in huge pages is
+written whole by its sender instead (the same request, with no half read by the receiver): a
+process_vm_* call pins the other process's pages, 512 times fewer where they are huge. Both ranks
+of the exchange wait in it, so each writes the other's message while the other writes its.
+
 The request lives in the FIFO's control block: the receiver writes HELP_ASK (number: the ack
 that will complete the message; target address; offset; bytes), the sender writes HELP_DONE
 (the number) after its write. A receiver that gives up (a deadline, an abort, a lost peer)
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .. import cma
 from ..base import COLLECTIVE_TAG_BASE, Request
 from ..errors import TransportError
 from .fifo import ACKS, HELP_ASK, HELP_DONE, TAIL, Fifo, In
-from .options import HELP_BYTES
+from .options import HELP_BYTES, PUSH_FROM_BYTES
 
 HELP_WITHDRAWN = -1          # the bytes word of a request to help that its receiver gave up on
 
@@ -70,15 +77,28 @@ class Handshake:
             self._serve_stash(peer)
         return tail
 
-    def _ask_help(self, peer: int, request: In, address: int) -> bool:
+    def _pushes(self, send_buf: np.ndarray, into: np.ndarray, tag: int) -> bool:
+        """Whether a plain exchange's send goes by address for its receiver to have me write it all
+        (RENDEZVOUS_PUSHABLE): from PUSH_FROM_BYTES, sent from small pages, my own receive `into`
+        in huge ones (the peer's is most likely laid out as mine), where every rank has a core."""
+        return (self.pushes and send_buf.nbytes >= PUSH_FROM_BYTES and tag >= COLLECTIVE_TAG_BASE
+                and not cma.in_huge_pages(send_buf) and cma.in_huge_pages(into)
+                and self._registered(send_buf) is None)
+
+    def _ask_help(self, peer: int, request: In, address: int, pushable: bool = False) -> bool:
         """Read the first half of a rendezvous message at `address` in `peer` and have its sender
-        write the rest (the request installed as `peer`'s current message, finished by
-        `_finish_helped`); false (nothing done) where help does not apply (module docstring)."""
+        write the rest, or (`pushable` into huge pages) have it write it all; the request is then
+        installed as `peer`'s current message, finished by `_finish_helped`. False (nothing done)
+        where neither applies (module docstring)."""
         n = request.nbytes
-        if (n < HELP_BYTES or not request.helpable or request.reducer is not None
-                or request.tag < COLLECTIVE_TAG_BASE or self.awaiting[peer] or self.sends[peer]):
+        if request.reducer is not None or request.tag < COLLECTIVE_TAG_BASE:
             return False
-        half = n // 2 // 64 * 64
+        if pushable and cma.in_huge_pages(request.buf):
+            half = 0
+        elif n < HELP_BYTES or not request.helpable or self.awaiting[peer] or self.sends[peer]:
+            return False
+        else:
+            half = n // 2 // 64 * 64
         number = self.acks_given[peer] + 1   # the ack that will complete this message
         ctl = self.inbound[peer].ctl
         ctl[HELP_ASK + 1] = cma.address_of(request.data[half:])
@@ -89,7 +109,8 @@ class Handshake:
         self.current[peer] = request
         self.active_in.add(peer)
         try:
-            self.peer_memory.read(peer, In(peer, request.tag, request.data[:half], None), address)
+            if half:
+                self.peer_memory.read(peer, In(peer, request.tag, request.data[:half], None), address)
         except BaseException:
             self._withdraw_help([request])
             raise
@@ -120,6 +141,8 @@ class Handshake:
         self.helped[peer] = number
         ctl[HELP_DONE] = number          # after the write (a system call): the bytes are there
         self.help_copies += 1
+        if nbytes == send.nbytes:   # I wrote it all: my buffer is free now (the ack still comes)
+            send.done = True
 
     def _finish_helped(self, peer: int) -> bool:
         """Complete the helped rendezvous receive from `peer` once the sender's share has landed."""

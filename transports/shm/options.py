@@ -35,6 +35,10 @@ MAPPED_BYTES = 128 << 10
 # A big plain collective message's sender writes half of it while its receiver reads the other
 # half (`help`) from this size: two cores copy one message.
 HELP_BYTES = 1 << 20
+# An exchange's message sent from small pages into a buffer in huge pages goes by address from this
+# size, written whole by its sender rather than read by its receiver (`help`): a process_vm_* call
+# pins the other process's pages, 512 times fewer where they are huge.
+PUSH_FROM_BYTES = 512 << 10
 REDUCE_PIECE_BYTES = 256 << 10  # a rendezvous receive-reduce reads the sender's buffer in such pieces
 
 

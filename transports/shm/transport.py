@@ -28,10 +28,12 @@ from ..segment import Segment
 from .direct import DirectPath
 from .fifo import (
     ACKS,
+    ADDRESSED,
     HEAD,
     HEADER_FIELDS,
     RENDEZVOUS_CHUNK,
     RENDEZVOUS_MAPPED,
+    RENDEZVOUS_PUSHABLE,
     TAIL,
     Fifo,
     In,
@@ -142,6 +144,7 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
         own_cores = size <= self.cores
         self.spin_polls = Backoff.SPIN_POLLS if own_cores else OVERSUBSCRIBED_SPIN_POLLS
+        self.pushes = own_cores and self.cma   # (a writer needs a core while its peer waits)
         geometry = (self.chunk, self.slots)
         self.rendezvous_bytes = rendezvous_bytes(*geometry) if self.cma else NEVER
         self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, size, cores=self.cores)
@@ -165,8 +168,8 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes, region)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
-               region: registered.Region | None = None) -> Out:
-        request = Out(peer, tag, buf, rendezvous, region)
+               region: registered.Region | None = None, pushable: bool = False) -> Out:
+        request = Out(peer, tag, buf, rendezvous, region, pushable)
         if request.rendezvous and not self.sends[peer] and self._post_address(request):
             return request
         self.sends[peer].append(request)
@@ -190,7 +193,7 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         hdr[field + 1] = send.nbytes
         hdr[field + 2] = address
         if region is None:
-            hdr[field + 3] = RENDEZVOUS_CHUNK
+            hdr[field + 3] = RENDEZVOUS_PUSHABLE if send.pushable else RENDEZVOUS_CHUNK
         else:   # the receiver maps the region (once) and copies out of it
             words, at = fifo.words, slot * self.chunk // 8
             words[at] = region.id
@@ -251,14 +254,19 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                 send = None   # (sent: the buffer is free to receive into)
         else:
             check_buffer(send_buf, "shm send")
-            send = self._exchange_send(send_buf, dst, tag, reducer is not None)
+            send = self._exchange_send(send_buf, dst, tag, reducer is not None, recv_buf)
         self._exchange_receive(send, recv_buf, src, tag, deadline, reducer)
 
-    def _exchange_send(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool) -> Out | None:
+    def _exchange_send(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool,
+                       into: np.ndarray | None = None) -> Out | None:
         """A sendrecv's send, by the exchange thresholds: written into the slots now (None) or
         posted. Both ranks of an exchange copy at once, so the slots win up to larger sizes than
-        for a send alone (`options.exchange_rendezvous_bytes`)."""
+        for a send alone (`options.exchange_rendezvous_bytes`). A plain one in small pages, `into`
+        (my receive) in huge ones, goes by address for its receiver to have me write it (`help`):
+        its receive buffer is most likely laid out as mine."""
         n = send_buf.nbytes
+        if not reducing and into is not None and self._pushes(send_buf, into, tag):
+            return self._isend(send_buf, dst, tag, True, pushable=True)
         if reducing:
             rendezvous = n >= self.reduce_exchange_rendezvous_bytes
         else:
@@ -352,8 +360,8 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                     break                  # nobody wants it yet: leave it in the FIFO
                 self.current[peer] = request
             whole = request.pos == 0 and message_bytes == request.nbytes
-            if n == RENDEZVOUS_CHUNK and self.cma and whole:
-                if self._ask_help(peer, request, offset):
+            if n in ADDRESSED and self.cma and whole:
+                if self._ask_help(peer, request, offset, n == RENDEZVOUS_PUSHABLE):
                     self.read_tail[peer] = tail
                     return True            # (`_finish_helped` ends it)
                 self.peer_memory.read(peer, request, offset)
