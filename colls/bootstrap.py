@@ -75,27 +75,13 @@ def _abort_on_uncaught(world: Communicator) -> None:
     sys.excepthook = hook
 
 
-def transport_options(kind: str) -> dict:
-    """The constructor options of a transport between processes of one machine, from the
-    configuration (COLLS_SHM_*, COLLS_CUDA_DEVICE, the launcher's COLLS_JOB)."""
-    from transports.shm import ShmOptions
-
-    options: dict = {"options": ShmOptions(slots=config.get("COLLS_SHM_SLOTS"),
-                                           chunk_bytes=config.get("COLLS_SHM_CHUNK_BYTES"),
-                                           mapped_bytes=config.get("COLLS_SHM_MAPPED_BYTES"),
-                                           job=config.get("COLLS_JOB"))}
-    if kind == "cuda_ipc":
-        options["device"] = config.get("COLLS_CUDA_DEVICE")
-    return options
-
-
 def _process_transport(kind: str):
     """A maker of the transport between processes of one machine: shm, or cuda_ipc (GPU buffers)."""
     if kind == "cuda_ipc":
         from transports.cuda_ipc import CudaIpcTransport as kind_class
     else:
         from transports.shm import ShmTransport as kind_class
-    options = transport_options(kind)
+    options = config.transport_options(kind)
     return lambda rank, size, exchange: kind_class(rank, size, exchange, **options)
 
 

@@ -278,6 +278,28 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def transport_options(kind: str) -> dict:
+    """The constructor options of a transport between processes of one machine, from the
+    configuration (COLLS_SHM_*, COLLS_CUDA_DEVICE, the launcher's COLLS_JOB): transports read no
+    environment themselves.
+
+    Args:
+        kind: "shm" or "cuda_ipc".
+
+    Returns:
+        The keyword arguments of the transport's constructor (and of `transports.shm.shm_group`).
+    """
+    from transports.shm import ShmOptions
+
+    options: dict = {"options": ShmOptions(slots=get("COLLS_SHM_SLOTS"),
+                                           chunk_bytes=get("COLLS_SHM_CHUNK_BYTES"),
+                                           mapped_bytes=get("COLLS_SHM_MAPPED_BYTES"),
+                                           job=get("COLLS_JOB"))}
+    if kind == "cuda_ipc":
+        options["device"] = get("COLLS_CUDA_DEVICE")
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     """`colls config [--markdown]`: print every variable's current value (`*`: set), or the docs page.
 

@@ -50,7 +50,7 @@ def build_levels(rank: int, layout: Layout, world: Transport, exchange: Exchange
     if shm_inside and world.name != "shm" and world.name != "local":
         from transports.shm import shm_group
 
-        local = shm_group(rank, host, exchange)
+        local = shm_group(rank, host, exchange, **config.transport_options("shm"))
     else:
         local = world.subgroup(host, exchange)
     cross = world.subgroup(across, exchange)

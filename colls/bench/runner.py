@@ -37,7 +37,7 @@ class Colls:
         from colls.communicator import Communicator
 
         if transport == "shm":
-            from colls.bootstrap import transport_options
+            from colls.config import transport_options
             from transports.shm import ShmTransport
 
             self.comm = Communicator(ShmTransport(world.Get_rank(), world.Get_size(), world.allgather,
