@@ -26,8 +26,9 @@ from algorithms.cost import Machine
 from .bench.spec import COLLECTIVES, format_bytes
 from .communicator import Communicator
 from .selection import save_tuned
+from .tune_probes import SMALL_BYTES, slowest
+from .tune_profile import profile
 
-SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 
 
@@ -58,11 +59,6 @@ def reduce_seconds_per_byte(nbytes: int = LARGE_BYTES, rounds: int = 20) -> floa
         np.add(a, b, out=a)
         times.append(time.perf_counter() - start)
     return statistics.median(times) / nbytes
-
-
-def slowest(comm: Communicator, times: list[float]) -> list[float]:
-    """Per round, the largest of every rank's times (a MAX all-reduce, as `colls bench` takes)."""
-    return comm.all_reduce(np.array(times), op="max", algorithm="recursive_doubling").tolist()
 
 
 RULE_BYTES = (8, 512, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20,
@@ -193,8 +189,6 @@ def main() -> int:
 
     comm = colls.init()
     if "--profile" in sys.argv:
-        from .tune_profile import profile
-
         path = sys.argv[sys.argv.index("--profile") + 1]
         measured = profile(comm)
         if comm.rank == 0:

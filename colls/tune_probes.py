@@ -21,7 +21,13 @@ from transports.base import Backoff
 
 from .bench.cases import fresh_array
 from .communicator import Communicator
-from .tune import SMALL_BYTES, slowest
+
+SMALL_BYTES = 8   # the message of the latency probes
+
+
+def slowest(comm: Communicator, times: list[float]) -> list[float]:
+    """Per round, the largest of every rank's times (a MAX all-reduce, as `colls bench` takes)."""
+    return comm.all_reduce(np.array(times), op="max", algorithm="recursive_doubling").tolist()
 
 
 def ones(count: int, dtype=np.uint8, value: int = 1) -> np.ndarray:

@@ -24,8 +24,8 @@ from transports.base import Backoff
 
 from .bench.machine import MODE_FIELDS, CoreLink
 from .communicator import Communicator
-from .tune import SMALL_BYTES
 from .tune_probes import (
+    SMALL_BYTES,
     after_barrier_seconds,
     after_barrier_times,
     call_seconds,
