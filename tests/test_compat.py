@@ -260,7 +260,7 @@ def _own_block_mismatch(collective: str):
 
 @pytest.mark.parametrize("collective", ["Alltoallv", "Gatherv", "Scatterv"])
 def test_a_rank_whose_own_block_does_not_fit_raises_before_anything_moves(collective):
-    """Found by review (2026-12-05): the rank's own block was checked after its sends and receives
+    """Found by review: the rank's own block was checked after its sends and receives
     were posted, so the others got its blocks and returned as if the call had worked."""
     results = spawn(lambda: _own_block_mismatch(collective), 3, timeout=2)
     assert results[1] == ("ValueError", [-1] * 6)          # refused, and nothing landed

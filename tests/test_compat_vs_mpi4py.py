@@ -257,7 +257,7 @@ def groups(MPI, comm):
     half.Free()
     none = comm.Split(MPI.UNDEFINED if rank == 0 else 1, 0)
     flag = np.array([none == MPI.COMM_NULL], "?")
-    # Compare by members and order (found by review, 2026-12-05: any two of one size were CONGRUENT)
+    # Compare by members and order (found by review: any two of one size were CONGRUENT)
     halves, pairs = comm.Split(rank % 2, key=rank), comm.Split(rank // 2, key=rank)
     reversed_, again, alone = comm.Split(0, key=-rank), comm.Dup(), comm.Split(rank, 0)
     compared = np.array([comm.Compare(comm), comm.Compare(again), comm.Compare(reversed_),

@@ -45,7 +45,7 @@ def test_all_gather_from_a_block_of_out(size, algorithm):
 @pytest.mark.parametrize("size", [2, 3, 4])
 @pytest.mark.parametrize("algorithm", colls.algorithms("scatter"))
 def test_a_scatter_whose_roots_out_lies_over_its_input_sends_the_input_as_it_was(size, algorithm):
-    """Found by review (2026-12-05): the root's `out` over another rank's block of `x` used to be
+    """Found by review: the root's `out` over another rank's block of `x` used to be
     written with the root's own block before that block went out, so that rank got the root's."""
 
     def body(comm):
@@ -89,7 +89,7 @@ def _reduce_vec3(comm) -> list[str]:
 
 @pytest.mark.parametrize("mapped", ["1", "0"])
 def test_a_reduction_of_elements_split_between_slots_is_whole(monkeypatch, mapped):
-    """Found by review (2026-12-05): the shm transport reduced each 256 KiB slot (and each piece read
+    """Found by review: the shm transport reduced each 256 KiB slot (and each piece read
     by cross-memory attach) as a whole number of elements, so a 12-byte dtype's reduction beyond one
     slot failed half-way with numpy's ValueError and left the message half-read for the next call."""
     monkeypatch.setenv("COLLS_SHM_MAPPED", mapped)

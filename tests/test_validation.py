@@ -241,7 +241,7 @@ def _bad_point_to_point(comm) -> None:
     read_only.setflags(write=False)
     for buf in (strided, read_only, [1.0, 2.0], np.ones((3, 2)).T):
         raises(comm, colls.InvalidArgument, lambda buf=buf: comm.recv(buf, 0), "recv", "x")
-    for buf in (np.empty(2, object), np.empty(2, [("a", "O")])):   # (found by review, 2026-12-05)
+    for buf in (np.empty(2, object), np.empty(2, [("a", "O")])):   # (found by review)
         raises(comm, colls.InvalidArgument, lambda buf=buf: comm.recv(buf, 0), "recv", "x", "objects")
     nothing_moved(comm)
 
@@ -278,7 +278,7 @@ def _bad_timeouts(comm) -> list[float]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 def test_a_bad_timeout_is_refused_before_the_call_takes_its_number(transport) -> None:
-    """Found by review (2026-12-05): `timeout=` was read after the call had taken its sequence
+    """Found by review: `timeout=` was read after the call had taken its sequence
     number (the ranks' calls then no longer lined up) or a send had posted its message, as a bare
     ValueError; NaN meant no deadline at all."""
     assert spawn(_bad_timeouts, 2, transport) == [[3.0, 3.0, 3.0], [3.0, 7.0, 3.0, 3.0]]
