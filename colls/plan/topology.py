@@ -10,7 +10,8 @@ node k hangs off leaf switch k // nodes_per_leaf. Every link is one direction of
   nodes_per_leaf · nics · nic_bandwidth / oversubscription (ECMP spreading flows perfectly);
 - the spine itself does not block.
 
-The defaults are a DGX-H100-like node (8 GPUs, 8 × 400 Gb/s NICs) under 8-node leaves.
+The defaults are a DGX-H100-like node (8 GPUs, 8 × 400 Gb/s NICs) under 8-node leaves; the named
+machines are in `presets`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class Cluster:
     switch_latency: float = 0.5e-6
     reduce_bandwidth: float = 1000 * GB     # γ = 1 / this: bytes reduced per second on a GPU
     slow_links: dict[str, float] = field(default_factory=dict, compare=False)   # link name -> factor
+    # what NCCL gets of a link's line rate (`colls.plan.presets` says where each figure comes from)
+    nvlink_efficiency: float = 0.822        # Simple protocol over NVLink: ~370 of 450 GB/s
+    nic_efficiency: float = 0.96            # 48 of 50 GB/s per 400 Gb/s NIC
+    nvls_fraction: float = 0.0              # NVLink SHARP all-reduce algbw / NVLink rate (0: no NVLS)
+    hbm: float = 80 * GB                    # memory per GPU, bytes
+    gpu_flops: float = 989e12               # dense bf16 peak per GPU
+    name: str = "custom"
 
     @property
     def size(self) -> int:
@@ -60,10 +68,12 @@ class Cluster:
     def describe(self) -> str:
         """One line: the cluster's shape and speeds."""
         leaves = -(-self.nodes // self.nodes_per_leaf)
-        return (f"{self.nodes} nodes x {self.ranks_per_node} GPUs ({self.size}), NVLink "
+        return (f"{self.name}: {self.nodes} nodes x {self.ranks_per_node} GPUs ({self.size}), NVLink "
                 f"{self.intra_bandwidth / GB:g} GB/s, {self.nics_per_node} NICs x "
                 f"{self.nic_bandwidth / GB:g} GB/s, {leaves} leaves of {self.nodes_per_leaf} nodes, "
-                f"oversubscription {self.oversubscription:g}:1")
+                f"oversubscription {self.oversubscription:g}:1"
+                + (f", NVLS (algbw {self.nvls_fraction * self.intra_bandwidth / GB:.0f} GB/s)"
+                   if self.nvls_fraction else "") + f", HBM {self.hbm / GB:g} GB")
 
 
 class LeafSpine:

@@ -49,6 +49,10 @@ class Training:
     bytes_per_value: int = 2       # fp16 / bf16
     placement: str = "tp,dp,pp"
     gpu_flops: float = 989e12 * 0.5   # H100 dense bf16 at 50% utilisation
+    zero: int = 0                  # ZeRO stage 0-3 over the DP group (DeepSpeed; Rajbhandari et al. 2020)
+    interleave: int = 1            # v: model chunks per pipeline rank (Megatron's interleaved 1F1B)
+    experts: int = 0               # E experts per MoE layer (0: a dense model)
+    expert_fraction: float = 0.0   # share of the parameters in expert weights (sharded over EP)
 
     @property
     def world(self) -> int:
@@ -61,7 +65,8 @@ class Training:
         return self.micro_batch * self.seq * self.hidden * self.bytes_per_value
 
     def groups(self, dimension: str) -> list[list[int]]:
-        """groups[r]: the ranks of rank r's `dimension` group ("dp", "tp", "pp" or "ep")."""
+        """groups[r]: the ranks of rank r's `dimension` group ("dp", "tp", "pp", "ep", or "edp": the
+        DP ranks holding the same experts, over which expert gradients are reduced)."""
         order = [d.strip() for d in self.placement.split(",")]
         if sorted(order) != ["dp", "pp", "tp"]:
             raise ValueError(f"placement {self.placement!r} must order dp, tp and pp, e.g. tp,dp,pp")
@@ -71,14 +76,17 @@ class Training:
             strides[d] = stride
             stride *= sizes[d]
         split, width = dimension, None
-        if dimension == "ep":   # EP groups: consecutive runs of `ep` members of each DP group
+        if dimension in ("ep", "edp"):   # EP groups: consecutive runs of `ep` members of each DP group
             split, width = "dp", self.ep
         result = []
         for rank in range(self.world):
             index = rank // strides[split] % sizes[split]
             base = rank - index * strides[split]
-            members = range(sizes[split]) if width is None else range(index // width * width,
-                                                                     index // width * width + width)
+            if dimension == "edp":   # the DP ranks that hold the same experts (one per EP group)
+                members = range(index % width, sizes[split], width)
+            else:
+                members = range(sizes[split]) if width is None else range(index // width * width,
+                                                                         index // width * width + width)
             result.append([base + i * strides[split] for i in members])
         return result
 
