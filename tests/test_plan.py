@@ -86,7 +86,8 @@ def test_a_straggler_slows_the_pipeline():
 
 
 def test_parse_bytes():
-    assert parse_bytes("1G") == 1 << 30 and parse_bytes("64M") == 64 << 20 and parse_bytes("100") == 100
+    # one convention (issue 43): decimal unless written binary, as the outputs are decimal GB
+    assert parse_bytes("1G") == 10**9 and parse_bytes("1GiB") == 1 << 30 and parse_bytes("100") == 100
 
 
 @pytest.mark.timeout(120)

@@ -57,3 +57,14 @@ def preset(name: str, **overrides) -> Cluster:
                       nvls_fraction=nvls, nvlink_efficiency=NVLINK_EFFICIENCY,
                       nic_efficiency=NIC_EFFICIENCY, name=name)
     return replace(cluster, **overrides)
+
+
+def markdown() -> str:
+    """The docs' table of the presets (a test keeps docs/planning.md's copy equal to it)."""
+    lines = ["| preset | GPUs per node | NVLink per direction | NICs | NIC speed | HBM | dense bf16 "
+             "| NVLS algbw |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, (gpus, nvlink, nics, nic_gbits, hbm, tflops, nvls) in PRESETS.items():
+        lines.append(f"| {name} | {gpus} | {nvlink:g} GB/s | {nics} | {nic_gbits:g} Gb/s | {hbm:g} GB | "
+                     f"{tflops:g} TFLOP/s | {f'{nvls * nvlink:.0f} GB/s' if nvls else '-'} |")
+    return "\n".join(lines)
