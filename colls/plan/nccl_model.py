@@ -70,9 +70,11 @@ class Loads:
         self.load: dict[tuple, float] = defaultdict(float)
 
     def node(self, slot: int) -> int:
+        """The node of GPU slot `slot`."""
         return slot // self.cluster.ranks_per_node
 
     def nic(self, slot: int) -> tuple:
+        """("nic", node, index) of the NIC GPU slot `slot` uses (its rail)."""
         c = self.cluster
         return ("nic", self.node(slot), slot % c.ranks_per_node * c.nics_per_node // c.ranks_per_node)
 
@@ -89,6 +91,7 @@ class Loads:
         return c.nodes_per_leaf * c.nics_per_node * c.nic_bandwidth * c.nic_efficiency / c.oversubscription
 
     def add(self, link: tuple, amount: float) -> None:
+        """`amount` more load on `link`."""
         self.load[link] += amount
 
     def bottleneck(self) -> tuple[float, str]:
