@@ -1,0 +1,126 @@
+"""torch.distributed over "colls" against "gloo" in the same processes: all_reduce from 8 B to
+256 MiB, and a DDP training step of a ~25M-parameter model.
+
+Run:  colls run -n 2 python bench/torch_bench.py [--max-bytes 256M] [--steps 3]
+      (or torchrun --nproc-per-node 2 bench/torch_bench.py)
+
+all_reduce rows: the slowest rank's time per `dist.all_reduce(float32)` (`time_calls`),
+busbw = bytes * 2(n-1)/n / time (nccl-tests' definition). DDP rows: step time (forward,
+backward with DDP's bucketed all_reduces, SGD step) with each backend, and the same step without
+communication (`no_sync`); the difference is the step's communication time (what backward's
+overlap does not hide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import colls.torch  # noqa: F401 - registers "colls"
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+SIZES = [8 * 8 ** i for i in range(6)] + [(1 << 20) * 4 ** i for i in range(5)]   # 8 B .. 256 MiB
+REPEATS = 5   # timed loops per size and backend (the median is reported)
+
+
+def parse_bytes(text: str) -> int:
+    return int(text[:-1]) * UNITS[text[-1].upper()] if text[-1].upper() in UNITS else int(text)
+
+
+def slowest(seconds: float, gloo) -> float:
+    """The slowest rank's time (gathered over Gloo, outside the timed region)."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=gloo)
+    return value.item()
+
+
+def time_calls(calls: int, gloo, fn, *args, **kwargs) -> float:
+    """Seconds per `fn(*args, **kwargs)`: `calls` calls back to back after a barrier, divided by
+    `calls` (as nccl-tests time a loop, so the barrier's skew is spread), the slowest rank's, median
+    of REPEATS such loops."""
+    fn(*args, **kwargs)   # warm up (first-call setup on both sides)
+    times = []
+    for _ in range(REPEATS):
+        dist.barrier(group=gloo)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        times.append(slowest((time.perf_counter() - start) / calls, gloo))
+    return statistics.median(times)
+
+
+def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
+    if rank == 0:
+        print(f"all_reduce float32, {size} ranks: time per call (busbw)")
+        print("| bytes | colls | gloo | gloo / colls |\n| ---: | ---: | ---: | ---: |")
+    for nbytes in (n for n in SIZES if n <= max_bytes):
+        tensor = torch.ones(nbytes // 4)
+        calls = max(1, min(100, (16 << 20) // nbytes))
+        colls_s = time_calls(calls, gloo, dist.all_reduce, tensor)
+        gloo_s = time_calls(calls, gloo, dist.all_reduce, tensor, group=gloo)
+        if rank == 0:
+            factor = 2 * (size - 1) / size
+            cells = [f"{s * 1e6:.1f} us ({nbytes * factor / s / 1e9:.2f} GB/s)" for s in (colls_s, gloo_s)]
+            print(f"| {nbytes} | {cells[0]} | {cells[1]} | {gloo_s / colls_s:.2f}x |", flush=True)
+
+
+def model() -> torch.nn.Module:
+    """25.2M parameters: 2048 x 4096 + 4096 x 4096 weights and their biases."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096))
+
+
+def step(wrapped: DDP, optimizer: torch.optim.Optimizer, batch: torch.Tensor, sync: bool) -> None:
+    """One training step; without `sync`, backward makes no all_reduce (DDP's `no_sync`)."""
+    optimizer.zero_grad()
+    if sync:
+        wrapped(batch).square().mean().backward()
+    else:
+        with wrapped.no_sync():
+            wrapped(batch).square().mean().backward()
+    optimizer.step()
+
+
+def ddp_rows(steps: int, gloo, rank: int, size: int) -> None:
+    batch = torch.randn(8, 2048)
+    results = {}
+    for name, group in (("colls", None), ("gloo", gloo)):
+        wrapped = DDP(model(), process_group=group)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
+        results[name] = time_calls(steps, gloo, step, wrapped, optimizer, batch, True)
+        results[f"{name} no_sync"] = time_calls(steps, gloo, step, wrapped, optimizer, batch, False)
+    if rank == 0:
+        parameters = sum(p.numel() for p in model().parameters())
+        print(f"\nDDP step, {parameters / 1e6:.1f}M float32 parameters, batch 8, {size} ranks")
+        print("| backend | step | step without communication | communication |\n| --- | ---: | ---: | ---: |")
+        for name in ("colls", "gloo"):
+            total, local = results[name], results[f"{name} no_sync"]
+            cells = " | ".join(f"{seconds * 1e3:.1f} ms" for seconds in (total, local, total - local))
+            print(f"| {name} | {cells} |")
+        comm = {name: results[name] - results[f"{name} no_sync"] for name in ("colls", "gloo")}
+        print(f"communication: gloo / colls = {comm['gloo'] / max(comm['colls'], 1e-9):.2f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-bytes", default="256M", help="largest all_reduce (default 256M)")
+    parser.add_argument("--steps", type=int, default=3, help="DDP steps per timed loop (default 3)")
+    parser.add_argument("--skip", default="", help="all_reduce or ddp: leave that part out")
+    options = parser.parse_args()
+    dist.init_process_group("colls")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    if "all_reduce" not in options.skip:
+        all_reduce_rows(parse_bytes(options.max_bytes), gloo, rank, size)
+    if "ddp" not in options.skip:
+        ddp_rows(options.steps, gloo, rank, size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
