@@ -7,8 +7,8 @@ Run:  colls run -n 2 python bench/torch_bench.py [--max-bytes 256M] [--steps 3]
 all_reduce rows: the slowest rank's time per `dist.all_reduce(float32)` (`time_calls`),
 busbw = bytes * 2(n-1)/n / time (nccl-tests' definition). DDP rows: step time (forward,
 backward with DDP's bucketed all_reduces, SGD step) with each backend, and the same step without
-communication (`no_sync`); the difference is the step's communication time (what backward's
-overlap does not hide).
+communication (`no_sync`), timed in turns; the difference is the step's communication time
+(what backward's overlap does not hide).
 """
 
 from __future__ import annotations
@@ -39,19 +39,20 @@ def slowest(seconds: float, gloo) -> float:
     return value.item()
 
 
-def time_calls(calls: int, gloo, fn, *args, **kwargs) -> float:
+def time_loop(calls: int, gloo, fn, *args, **kwargs) -> float:
     """Seconds per `fn(*args, **kwargs)`: `calls` calls back to back after a barrier, divided by
-    `calls` (as nccl-tests time a loop, so the barrier's skew is spread), the slowest rank's, median
-    of REPEATS such loops."""
-    fn(*args, **kwargs)   # warm up (first-call setup on both sides)
-    times = []
-    for _ in range(REPEATS):
-        dist.barrier(group=gloo)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        times.append(slowest((time.perf_counter() - start) / calls, gloo))
-    return statistics.median(times)
+    `calls` (as nccl-tests time a loop, so the barrier's skew is spread), the slowest rank's."""
+    dist.barrier(group=gloo)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    return slowest((time.perf_counter() - start) / calls, gloo)
+
+
+def time_calls(calls: int, gloo, fn, *args, **kwargs) -> float:
+    """The median of REPEATS `time_loop`s, after a call to warm up."""
+    fn(*args, **kwargs)   # first-call setup on both sides
+    return statistics.median(time_loop(calls, gloo, fn, *args, **kwargs) for _ in range(REPEATS))
 
 
 def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
@@ -59,7 +60,7 @@ def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
         print(f"all_reduce float32, {size} ranks: time per call (busbw)")
         print("| bytes | colls | gloo | gloo / colls |\n| ---: | ---: | ---: | ---: |")
     for nbytes in (n for n in SIZES if n <= max_bytes):
-        tensor = torch.ones(nbytes // 4)
+        tensor = torch.zeros(nbytes // 4)   # (sums of ones in place would overflow to inf)
         calls = max(1, min(100, (16 << 20) // nbytes))
         colls_s = time_calls(calls, gloo, dist.all_reduce, tensor)
         gloo_s = time_calls(calls, gloo, dist.all_reduce, tensor, group=gloo)
@@ -87,13 +88,23 @@ def step(wrapped: DDP, optimizer: torch.optim.Optimizer, batch: torch.Tensor, sy
 
 
 def ddp_rows(steps: int, gloo, rank: int, size: int) -> None:
+    """DDP over each backend, with and without communication, timed in turns (one loop of each per
+    repeat), so that a busy machine slows all four alike; medians over REPEATS."""
     batch = torch.randn(8, 2048)
-    results = {}
+    runs = {}
     for name, group in (("colls", None), ("gloo", gloo)):
         wrapped = DDP(model(), process_group=group)
-        optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
-        results[name] = time_calls(steps, gloo, step, wrapped, optimizer, batch, True)
-        results[f"{name} no_sync"] = time_calls(steps, gloo, step, wrapped, optimizer, batch, False)
+        runs[name] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=1e-3))
+        for sync in (True, False):   # warm up: DDP builds its buckets on the first step
+            step(*runs[name], batch, sync)
+    times: dict[str, list[float]] = {}
+    for _ in range(REPEATS):
+        for name, (wrapped, optimizer) in runs.items():
+            for sync in (True, False):
+                key = name if sync else f"{name} no_sync"
+                times.setdefault(key, []).append(
+                    time_loop(steps, gloo, step, wrapped, optimizer, batch, sync))
+    results = {key: statistics.median(values) for key, values in times.items()}
     if rank == 0:
         parameters = sum(p.numel() for p in model().parameters())
         print(f"\nDDP step, {parameters / 1e6:.1f}M float32 parameters, batch 8, {size} ranks")
