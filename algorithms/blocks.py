@@ -101,20 +101,37 @@ class Schedule(NamedTuple):
     steps: tuple[Step, ...]
 
 
-def run_schedule(channel, send, out, schedule: Schedule) -> None:
+def run_schedule(channel, send, out, schedule: Schedule, exchanges: tuple | None = None) -> None:
     """Copy my own block into `out`, and make the schedule's exchanges in order, on flat `send` and
-    `out`. Where the first exchange sends from `send`, the copy comes after it: my first message
-    then goes out at once, rather than keep a peer that waits for it waiting through my copy (it
-    lands in a block the copy does not touch)."""
+    `out`: by `exchanges` where given (`bind_schedule`, for a schedule compiled once per call
+    signature), else by `channel.exchange`. Where the first exchange sends from `send`, the copy
+    comes after it: my first message then goes out at once, rather than keep a peer that waits for
+    it waiting through my copy (it lands in a block the copy does not touch)."""
     steps = schedule.steps
     copy = schedule.copy_from is not None
     if copy and (not steps or steps[0].from_out):
         out[schedule.copy_to] = send[schedule.copy_from]
         copy = False
-    for dst, from_out, outgoing, src, incoming, reducer in steps:
+    for index, (dst, from_out, outgoing, src, incoming, reducer) in enumerate(steps):
         held = out if from_out else send
-        channel.exchange(held if outgoing is None else held[outgoing], dst,
-                         out if incoming is None else out[incoming], src, reducer)
+        held = held if outgoing is None else held[outgoing]
+        into = out if incoming is None else out[incoming]
+        if exchanges is None:
+            channel.exchange(held, dst, into, src, reducer)
+        else:
+            exchanges[index](held, into)
         if copy:   # my first message is on its way: now my own block
             out[schedule.copy_to] = send[schedule.copy_from]
             copy = False
+
+
+def bind_schedule(channel, schedule: Schedule, dtype, send_count: int, out_count: int) -> tuple:
+    """Each of `schedule`'s steps as `channel.exchange_init`'s persistent step, for `run_schedule`:
+    what a call's schedule is compiled to once per signature, over flat buffers of `send_count`
+    and `out_count` elements of `dtype`."""
+    def length(part: slice | None, count: int) -> int:
+        return count if part is None else len(range(*part.indices(count)))
+    return tuple(channel.exchange_init(dtype,
+                                       length(step.outgoing, out_count if step.from_out else send_count),
+                                       step.dst, length(step.incoming, out_count), step.src,
+                                       step.reducer) for step in schedule.steps)

@@ -7,11 +7,13 @@ every timeout, so that a hang says "all_reduce #12 (ring, ...) on rank 3", not j
 
 Five verbs: `send`, `recv` and `recv_reduce` post a message and return its request; `wait` waits
 for requests until the call's deadline; `exchange` is a sendrecv (either side may be None, and the
-buffer received into may be the one sent, in place), the step of most schedules.
+buffer received into may be the one sent, in place), the step of most schedules, and
+`exchange_init` its persistent form, the step of a schedule compiled once per call signature.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,6 +86,32 @@ class Channel:
             self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
         except CollectiveTimeout as error:
             raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+
+    def exchange_init(self, dtype: np.dtype, send_count: int, dst: int | None, recv_count: int,
+                      src: int | None, reducer: Reducer | None = None) -> Callable[..., None]:
+        """`exchange`'s persistent form, for a compiled schedule's step: counts and peers fixed
+        once (`Transport.sendrecv_init`), then `step(send_buf, recv_buf)` in whatever call the
+        channel is pointed at (its tag, deadline and counters). A count of 0 is a side left out."""
+        transport = self.transport
+        if not send_count or not recv_count:   # (a send or a receive alone: nothing to set up)
+            def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None) -> None:
+                self.exchange(send_buf, dst, recv_buf, src, reducer)
+            return step
+        moved = transport.sendrecv_init(dtype, send_count, dst, recv_count, src, reducer)
+        sent, received = send_count * dtype.itemsize, recv_count * dtype.itemsize
+
+        def step(send_buf: np.ndarray, recv_buf: np.ndarray) -> None:
+            traffic = self.traffic
+            if traffic is not None:
+                traffic.messages_sent[dst] += 1
+                traffic.bytes_sent[dst] += sent
+                traffic.messages_received[src] += 1
+                traffic.bytes_received[src] += received
+            try:
+                moved(send_buf, recv_buf, self.tag, self.deadline)
+            except CollectiveTimeout as error:
+                raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+        return step
 
     def _count_received(self, nbytes: int, peer: int) -> None:
         traffic = self.traffic

@@ -110,7 +110,7 @@ class Collectives(GatherScatter):
             if work is not x:
                 work[...] = x
             if description.schedule is not None:
-                run_schedule(channel, flat, flat, description.schedule)
+                run_schedule(channel, flat, flat, description.schedule, description.exchanges)
             else:
                 description.algorithm.run(channel, flat, op)
         if op.finishes:
@@ -298,7 +298,7 @@ class Collectives(GatherScatter):
             send = self._scratch(x)
         flat = work if work.ndim == 1 else work.reshape(-1)
         if description.schedule is not None:
-            run_schedule(channel, send, flat, description.schedule)
+            run_schedule(channel, send, flat, description.schedule, description.exchanges)
         else:
             description.algorithm.run(channel, send, flat)
         return work if result is work else deliver(result, work)

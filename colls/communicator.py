@@ -8,12 +8,14 @@ call or a persistent request's `start()`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from algorithms.blocks import bind_schedule
 from algorithms.channel import Channel
 from transports import registered
 from transports.base import COLLECTIVE_TAG_BASE, Traffic, Transport
@@ -114,10 +116,13 @@ class Communicator(Collectives):
         if collective in ("all_reduce", "reduce", "reduce_scatter"):
             op = check.op(collective, op, x.dtype)
         chosen = check.algorithm(collective, algorithm, op, nbytes)
-        schedule = None
+        schedule = exchanges = None
         if chosen.schedule is not None:
             schedule = chosen.schedule(self.rank, self.size, x.size, op)
-        return Description(collective, x.dtype, x.shape, root, op, chosen, self.name, out_shape, schedule)
+        if schedule is not None:
+            exchanges = bind_schedule(self._channel, schedule, x.dtype, x.size, math.prod(out_shape))
+        return Description(collective, x.dtype, x.shape, root, op, chosen, self.name, out_shape, schedule,
+                           exchanges)
 
     def _execute(self, description: Description, body: Callable[..., Any], args: tuple, async_op: bool,
                  limit: float) -> Result:

@@ -37,20 +37,23 @@ CACHED_SIGNATURES = 4096   # a program repeats a few signatures; past this many,
 class Description:
     """What one collective call signature is, checked and compiled: the collective, its element
     type, input and output shapes, root, operator and algorithm, and (where the algorithm declares
-    one) its schedule worked out for this rank. Immutable: made once per signature and cached
+    one) its schedule worked out for this rank, with each of its steps bound to the transport
+(`exchanges`, from `algorithms.blocks.bind_schedule`). Immutable: made once per signature and cached
     (`Validator.described`), so a call repeated with the same signature costs one dict lookup
     here; the call's buffers and number travel beside it (`Communicator._execute`)."""
 
     __slots__ = ("collective", "dtype", "shape", "count", "out_shape", "root", "op", "algorithm",
-                 "schedule", "group")
+                 "schedule", "exchanges", "group")
 
     def __init__(self, collective: str, dtype: np.dtype | None, shape: tuple[int, ...], root: int | None,
                  op: Op | None, algorithm: Algorithm, group: str = "",
-                 out_shape: tuple[int, ...] | None = None, schedule: Schedule | None = None) -> None:
+                 out_shape: tuple[int, ...] | None = None, schedule: Schedule | None = None,
+                 exchanges: tuple | None = None) -> None:
         count = 0 if dtype is None else math.prod(shape)   # elements of this rank's input
         for name, value in (("collective", collective), ("dtype", dtype), ("shape", shape), ("count", count),
                             ("out_shape", shape if out_shape is None else out_shape), ("root", root),
-                            ("op", op), ("algorithm", algorithm), ("schedule", schedule), ("group", group)):
+                            ("op", op), ("algorithm", algorithm), ("schedule", schedule),
+                            ("exchanges", exchanges), ("group", group)):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -28,7 +28,7 @@ def _swap(comm, key: tuple, **fields) -> Description:
     immutable): what later calls of that signature then run."""
     old = comm._check.described[key]
     values = {name: getattr(old, name) for name in ("collective", "dtype", "shape", "root", "op", "algorithm",
-                                                    "group", "out_shape", "schedule")}
+                                                    "group", "out_shape", "schedule", "exchanges")}
     values.update(fields)
     comm._check.described[key] = new = Description(**values)
     return new

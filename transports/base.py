@@ -6,7 +6,8 @@ in NCCL's primitives: `irecv_reduce` combines the incoming bytes into a local bu
 so a ring or tree reduction never lands data in a temporary first. The whole interface:
 - posting: `isend`, `irecv`, `irecv_reduce`, each giving a `Request`;
 - waiting: `wait_all(requests, deadline)`, and `sendrecv`, the one blocking step (either side may
-  be None; the receive buffer may be the send buffer);
+  be None; the receive buffer may be the send buffer), with `sendrecv_init`, its persistent form
+  (the step of a compiled schedule, set up once per call signature);
 - lifecycle: `subgroup`, `abort`, `check_aborted`, `close`;
 - `capabilities`, what colls may rely on beyond the verbs (a frozen `Capabilities`).
 
@@ -128,6 +129,32 @@ class Transport(ABC):
             requests.append(self.irecv(recv_buf, src, tag) if reducer is None
                             else self.irecv_reduce(recv_buf, src, tag, reducer))
         self.wait_all(requests, deadline)
+
+    def sendrecv_init(self, dtype: np.dtype, send_count: int, dst: int, recv_count: int, src: int,
+                      reducer: Reducer | None = None) -> Callable[..., None]:
+        """`sendrecv`'s persistent form (MPI_Send_init with MPI_Recv_init): a step whose element
+        type, counts, peers and reducer are fixed once, called as `step(send_buf, recv_buf, tag,
+        deadline)` as often as wanted, with buffers of those counts (either may be None, as for
+        `sendrecv`, and `recv_buf` may be `send_buf`). A transport may set up here what every call
+        would otherwise (shm: views of the slots the step's messages pass through); by default the
+        step is `sendrecv` itself.
+
+        Args:
+            dtype: the element type of both buffers.
+            send_count: elements sent to `dst`.
+            dst: the rank to send to.
+            recv_count: elements received from `src`.
+            src: the rank to receive from.
+            reducer: as for `sendrecv`.
+
+        Returns:
+            The step: `step(send_buf, recv_buf, tag, deadline)`, raising as `sendrecv` does.
+        """
+        sendrecv = self.sendrecv
+
+        def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None, tag: int, deadline: float) -> None:
+            sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
+        return step
 
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:

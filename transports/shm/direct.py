@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ..base import Reducer
 from .fifo import ADDRESSED, HEAD, HEADER_FIELDS, RENDEZVOUS_PUSHABLE, TAIL, In, chunk_mismatch
+from .options import NEVER, PUSH_FROM_BYTES
 
 DIRECT_POLLS = 200           # polls the direct path makes for a message before it posts a receive
 # and at most this long yielding (on a busy machine each yield may hand the core to another process
@@ -64,6 +66,57 @@ class DirectPath:
         self.sent_head[peer] = head + 1
         fifo.ctl[HEAD] = head + 1          # publish (x86 keeps the stores above before this one)
         return True
+
+    def sendrecv_init(self, dtype: np.dtype, send_count: int, dst: int, recv_count: int, src: int,
+                      reducer: Reducer | None = None) -> Callable[..., None]:
+        """`Transport.sendrecv_init`. Where both messages fit one slot below every size that goes
+        by address, the step gets views of the slots they pass through, made once: a call writes
+        its message into the next slot to `dst` and takes `src`'s out of the slot it lands in, with
+        no view made and no check (the compiled schedule checked the buffers). What it cannot do so
+        (a busy FIFO, a late peer, another message first) goes the general way."""
+        general = super().sendrecv_init(dtype, send_count, dst, recv_count, src, reducer)
+        sent, received = send_count * dtype.itemsize, recv_count * dtype.itemsize
+        limit = min(self.chunk + 1, self.rendezvous_bytes, self.exchange_huge_bytes, PUSH_FROM_BYTES,
+                    self.options.mapped_bytes if self.mappable else NEVER)
+        if dtype.hasobject or not (0 < sent < limit and 0 < received < limit) or self.rank in (dst, src):
+            return general
+        chunk, slots = self.chunk, self.slots
+        outbound, inbound = self.outbound[dst], self.inbound[src]
+        outgoing = [np.frombuffer(outbound.raw, dtype, send_count, slot * chunk) for slot in range(slots)]
+        incoming = [np.frombuffer(inbound.raw, dtype, recv_count, slot * chunk) for slot in range(slots)]
+        out_ctl, out_hdr, in_ctl, in_hdr = outbound.ctl, outbound.hdr, inbound.ctl, inbound.hdr
+        sends, posted, stashed, current = self.sends[dst], self.posted[src], self.stashed[src], self.current
+        sent_head, read_tail, landed = self.sent_head, self.read_tail, self._landed
+
+        def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None, tag: int, deadline: float) -> None:
+            head = sent_head[dst]
+            if (send_buf is None or recv_buf is None or sends or posted or stashed
+                    or current[src] is not None or head - out_ctl[TAIL] >= slots):
+                return general(send_buf, recv_buf, tag, deadline)
+            slot = head % slots   # the send, as `_send_now`
+            field = slot * HEADER_FIELDS
+            out_hdr[field] = tag
+            out_hdr[field + 1] = sent
+            out_hdr[field + 2] = 0
+            out_hdr[field + 3] = sent
+            outgoing[slot][...] = send_buf
+            sent_head[dst] = head + 1
+            out_ctl[HEAD] = head + 1   # publish (x86 keeps the stores above before this one)
+            tail = read_tail[src]      # the receive, as `_receive_now`
+            if in_ctl[HEAD] > tail or landed(src, tail):
+                slot = tail % slots
+                field = slot * HEADER_FIELDS
+                if in_hdr[field] == tag and in_hdr[field + 1] == received and in_hdr[field + 3] == received:
+                    if reducer is None:
+                        recv_buf[...] = incoming[slot]
+                    else:
+                        reducer(recv_buf, incoming[slot])
+                    read_tail[src] = tail + 1
+                    in_ctl[TAIL] = tail + 1   # the slot is free again
+                    return None
+            # a late peer, or another message first: the general receive sorts it out
+            return self._exchange_receive(None, recv_buf, src, tag, deadline, reducer)
+        return step
 
     def _landed(self, peer: int, tail: int) -> bool:
         """Spin (yielding after `spin_polls`) until `peer`'s FIFO has a slot at `tail`, keeping my
