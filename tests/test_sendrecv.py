@@ -1,6 +1,7 @@
-"""`Transport.sendrecv`, the step most schedules are made of: the shm transport sends a message that
-fits one slot without any request and takes the reply straight out of its slot. These tests hold
-it to the general path's contract: values, message order across tags, late peers, mismatches."""
+"""`Transport.sendrecv`, the step most schedules are made of, and its persistent form
+`sendrecv_init` (the step of a compiled schedule): the shm transport sends a message that fits one
+slot without any request and takes the reply straight out of its slot. These tests hold both forms
+to the general path's contract: values, message order across tags, late peers, mismatches."""
 
 from __future__ import annotations
 
@@ -15,28 +16,44 @@ from algorithms import SUM
 from transports import cma as attach
 from transports.base import COLLECTIVE_TAG_BASE
 from transports.shm import exchange_huge_bytes, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
+from transports.shm.fifo import HEAD
 
 TAG = COLLECTIVE_TAG_BASE + 7
 CHUNK, _ = fifo_geometry(2)
+FORMS = ["sendrecv", "sendrecv_init"]
 
 
-def _pairs(comm, nbytes: int) -> list:
+def _step(transport, form: str, send, dst: int, recv, src: int, tag: int, deadline: float,
+          reducer=None) -> None:
+    """One blocking step by `form`: `sendrecv` itself, or the persistent step `sendrecv_init` sets up
+    for these counts (set up here at each call; a compiled schedule sets it up once)."""
+    if form == "sendrecv":
+        transport.sendrecv(send, dst, recv, src, tag, deadline, reducer)
+    else:
+        held = send if send is not None else recv
+        step = transport.sendrecv_init(held.dtype, 0 if send is None else send.size, dst,
+                                       0 if recv is None else recv.size, src, reducer)
+        step(send, recv, tag, deadline)
+
+
+def _pairs(comm, nbytes: int, form: str) -> list:
     """Both ranks swap `nbytes` of int32 by sendrecv, plain and reduced; each returns what it got."""
     transport, peer = comm.transport, 1 - comm.rank
     count = nbytes // 4
     mine = np.arange(count, dtype=np.int32) + 1000 * comm.rank
     got = np.full(count, -1, np.int32)
-    transport.sendrecv(mine, peer, got, peer, TAG, time.monotonic() + 20)
+    _step(transport, form, mine, peer, got, peer, TAG, time.monotonic() + 20)
     total = mine.copy()
-    transport.sendrecv(mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    _step(transport, form, mine, peer, total, peer, TAG, time.monotonic() + 20, SUM.into_left)
     return [got.tolist(), total.tolist()]
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("nbytes", [0, 8, CHUNK, CHUNK + 4, 4 * CHUNK + 4])
-def test_sendrecv_swaps_and_reduces_at_every_size(transport, nbytes):
-    results = colls.spawn(_pairs, 2, transport=transport, args=(nbytes,), timeout=40)
+def test_sendrecv_swaps_and_reduces_at_every_size(transport, nbytes, form):
+    results = colls.spawn(_pairs, 2, transport=transport, args=(nbytes, form), timeout=40)
     count = nbytes // 4
     for rank, (got, total) in enumerate(results):
         peer = 1 - rank
@@ -78,48 +95,59 @@ def test_a_sendrecv_reads_whole_only_above_its_threshold(nbytes, reads):
             # by the slots (a reducing exchange goes by attach from 16 MiB)
 
 
-def _behind_another_tag(comm):
+def _behind_another_tag(comm, form: str):
     """Rank 1 sends a message with another tag first; rank 0's sendrecv must skip past it (that
     message waits for its own receive) and the later receive must still get it."""
     transport = comm.transport
     deadline = time.monotonic() + 20
     if comm.rank == 1:
         early = transport.isend(np.full(2, 7, np.int64), 0, TAG + 1)
-        transport.sendrecv(np.full(2, 5, np.int64), 0, got := np.zeros(2, np.int64), 0, TAG, deadline)
+        _step(transport, form, np.full(2, 5, np.int64), 0, got := np.zeros(2, np.int64), 0, TAG, deadline)
         transport.wait_all([early], deadline)
         return got.tolist()
     time.sleep(0.2)                         # both of rank 1's messages are in my FIFO by now
     got = np.zeros(2, np.int64)
-    transport.sendrecv(np.full(2, 3, np.int64), 1, got, 1, TAG, deadline)
+    _step(transport, form, np.full(2, 3, np.int64), 1, got, 1, TAG, deadline)
     other = np.zeros(2, np.int64)
     transport.wait_all([transport.irecv(other, 1, TAG + 1)], deadline)
     return [got.tolist(), other.tolist()]
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("transport", ["local", "shm"])
-def test_sendrecv_behind_a_message_with_another_tag(transport):
-    first, second = colls.spawn(_behind_another_tag, 2, transport=transport, timeout=40)
+def test_sendrecv_behind_a_message_with_another_tag(transport, form):
+    first, second = colls.spawn(_behind_another_tag, 2, transport=transport, args=(form,), timeout=40)
     assert first == [[5, 5], [7, 7]]
     assert second == [3, 3]
 
 
-def _late_peer(comm):
-    """Rank 1 answers 0.3 s late: rank 0 gives up its spin, posts a receive and still gets it."""
+def _late_peer(comm, form: str):
+    """Rank 1 answers 0.3 s late: rank 0 gives up its spin, posts a receive and still gets it;
+    rank 1 finds rank 0's message in its slot and takes it from there, posting nothing."""
     transport, peer = comm.transport, 1 - comm.rank
+    posted = []
+    post = transport._post
+    transport._post = lambda request: posted.append(request.nbytes) or post(request)
     if comm.rank == 1:
         time.sleep(0.3)
+        landed, fifo = time.monotonic() + 20, transport.inbound[peer]   # (rank 0 may be later still)
+        while fifo.control[HEAD] <= transport.read_tail[peer] and time.monotonic() < landed:
+            time.sleep(0.01)
     got = np.zeros(4, np.float64)
     start = time.monotonic()
-    transport.sendrecv(np.full(4, comm.rank + 1.0), peer, got, peer, TAG, time.monotonic() + 20)
-    return got.tolist(), time.monotonic() - start
+    _step(transport, form, np.full(4, comm.rank + 1.0), peer, got, peer, TAG, time.monotonic() + 20)
+    return got.tolist(), time.monotonic() - start, posted
 
 
 @pytest.mark.timeout(60)
-def test_sendrecv_waits_for_a_late_peer():
-    (got0, waited), (got1, _) = colls.spawn(_late_peer, 2, transport="shm", timeout=40)
+@pytest.mark.parametrize("form", FORMS)
+def test_sendrecv_waits_for_a_late_peer(form):
+    (got0, waited, _), (got1, _, posted) = colls.spawn(_late_peer, 2, transport="shm", args=(form,),
+                                                       timeout=40)
     assert got0 == [2.0] * 4 and got1 == [1.0] * 4
     assert 0.2 < waited < 5
+    assert posted == []   # the direct path: no request made
 
 
 def _pieces(comm) -> list:
@@ -197,20 +225,21 @@ def test_a_message_of_several_slots_whose_last_pieces_come_late_still_arrives():
     assert posted == []   # begun from its slots, then waited for as the message in progress
 
 
-def _mismatched(comm):
+def _mismatched(comm, form: str):
     transport, peer = comm.transport, 1 - comm.rank
     count = 3 if comm.rank else 2
     try:
-        transport.sendrecv(np.ones(count, np.int32), peer, np.zeros(count, np.int32), peer, TAG,
-                           time.monotonic() + 20)
+        _step(transport, form, np.ones(count, np.int32), peer, np.zeros(count, np.int32), peer, TAG,
+              time.monotonic() + 20)
     except colls.CollectiveMismatch as error:
         return str(error)
     return None
 
 
 @pytest.mark.timeout(60)
-def test_sendrecv_of_different_sizes_raises_a_mismatch_on_both_ranks():
-    errors = colls.spawn(_mismatched, 2, transport="shm", timeout=40)
+@pytest.mark.parametrize("form", FORMS)
+def test_sendrecv_of_different_sizes_raises_a_mismatch_on_both_ranks(form):
+    errors = colls.spawn(_mismatched, 2, transport="shm", args=(form,), timeout=40)
     assert all(error is not None and "B" in error for error in errors), errors
 
 
@@ -451,24 +480,25 @@ def test_which_buffers_count_as_in_huge_pages():
     assert exchange_huge_bytes(chunk, slots, 4, cores=2) == rendezvous_bytes(chunk, slots)   # ranks > cores
 
 
-def _replace(comm, nbytes: int) -> list:
+def _replace(comm, nbytes: int, form: str) -> list:
     """Both ranks swap `nbytes` of int32 in place (`sendrecv(buf, peer, buf, peer)`), plain then
     reduced; what each got."""
     transport, peer = comm.transport, 1 - comm.rank
     count = nbytes // 4
     buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
-    transport.sendrecv(buf, peer, buf, peer, TAG, time.monotonic() + 20)
+    _step(transport, form, buf, peer, buf, peer, TAG, time.monotonic() + 20)
     got = buf.tolist()
     buf = np.arange(count, dtype=np.int32) + 1000 * comm.rank
-    transport.sendrecv(buf, peer, buf, peer, TAG, time.monotonic() + 20, SUM.into_left)
+    _step(transport, form, buf, peer, buf, peer, TAG, time.monotonic() + 20, SUM.into_left)
     return [got, buf.tolist()]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("transport", ["local", "shm"])
 @pytest.mark.parametrize("nbytes", [8, CHUNK, CHUNK + 4, 4 * CHUNK + 4])
-def test_sendrecv_in_place_swaps_and_reduces(transport, nbytes):
-    results = colls.spawn(_replace, 2, transport=transport, args=(nbytes,), timeout=40)
+@pytest.mark.parametrize("form", FORMS)
+def test_sendrecv_in_place_swaps_and_reduces(transport, nbytes, form):
+    results = colls.spawn(_replace, 2, transport=transport, args=(nbytes, form), timeout=40)
     count = nbytes // 4
     for rank, (got, total) in enumerate(results):
         assert got == (np.arange(count) + 1000 * (1 - rank)).tolist()
