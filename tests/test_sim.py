@@ -13,11 +13,19 @@ import pytest
 from algorithms import CATALOGUE, SUM, lookup
 from algorithms.channel import Channel
 from algorithms.cost import Machine, predict
-from colls.plan.simulate import arguments, run_algorithm, simulate, simulate_hierarchical
+from algorithms.hierarchical import Layout
+from colls.plan.simulate import (
+    arguments,
+    hierarchical_all_reduce,
+    run_algorithm,
+    run_world,
+    simulate,
+    simulate_hierarchical,
+)
 from colls.plan.topology import Cluster
 from transports.base import COLLECTIVE_TAG_BASE, Transport
 from transports.local import LocalWorld
-from transports.sim import IdealNetwork, SimulationFailed, SimWorld, symbolic
+from transports.sim import IdealNetwork, NotSymmetric, SimulationFailed, SimWorld, Symmetry, symbolic
 
 ALPHA, BETA, GAMMA = 10e-6, 1e-9, 0.25e-9   # 10 us, 1 GB/s, 4 GB/s reductions
 
@@ -315,3 +323,97 @@ def test_simulation_speed_8192_ranks_hierarchical():
     cluster = Cluster(nodes=1024, nodes_per_leaf=16)
     result = simulate_hierarchical(1 << 30, cluster.network(), cluster.size, 8, "rabenseifner", cluster.gamma)
     assert result.wall_seconds <= 600 and result.seconds > 0
+
+
+# -- symmetric ranks simulated once (transports/sim/symmetry.py) ---------------------------------
+
+def full_and_fast(collective: str, algorithm: str, nbytes: int, network, size: int):
+    """The same call simulated on every rank, and through `simulate` (one rank per orbit)."""
+    def body(transport):
+        return run_algorithm(transport, collective, algorithm, nbytes)
+
+    full = run_world(size, network(), body, GAMMA, what=(collective, algorithm, nbytes))
+    return full, simulate(collective, algorithm, nbytes, network(), size, GAMMA)
+
+
+def assert_same(full, fast) -> None:
+    assert fast.seconds == pytest.approx(full.seconds, rel=1e-12, abs=0)
+    assert (fast.messages, fast.bytes_sent) == (full.messages, full.bytes_sent)
+
+
+@pytest.mark.parametrize("collective,algorithm,period", [
+    ("all_reduce", "ring", 16), ("all_reduce", "ring_segmented", 16), ("all_gather", "ring", 16),
+    ("reduce_scatter", "ring", 16), ("all_reduce", "rabenseifner", 16),
+    ("all_reduce", "recursive_doubling", 16)])
+@pytest.mark.parametrize("oversubscription", [1, 2])
+def test_symmetric_ranks_simulated_once_give_the_full_answer(collective, algorithm, period, oversubscription):
+    """4 nodes of 8 under leaves of 2 nodes: a shift or xor by 16 ranks maps the cluster to itself."""
+    cluster = Cluster(nodes=4, nodes_per_leaf=2, oversubscription=oversubscription)
+    full, fast = full_and_fast(collective, algorithm, 32 << 20, cluster.network, cluster.size)
+    assert (full.ranks_simulated, fast.ranks_simulated) == (32, period)
+    assert_same(full, fast)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+def test_symmetric_ranks_on_an_ideal_network_are_one_rank(algorithm):
+    full, fast = full_and_fast("all_reduce", algorithm, 1 << 20, lambda: IdealNetwork(16, ALPHA, BETA), 16)
+    assert fast.ranks_simulated == 1
+    assert_same(full, fast)
+
+
+@pytest.mark.parametrize("inter", ["ring", "rabenseifner"])
+def test_hierarchical_all_reduce_simulated_once_per_orbit_gives_the_full_answer(inter):
+    cluster = Cluster(nodes=8, nodes_per_leaf=2, oversubscription=2)
+    layout = Layout(tuple(rank // 8 for rank in range(cluster.size)))
+
+    def body(transport):
+        return hierarchical_all_reduce(transport, 64 << 20, 8, inter, layout=layout)
+
+    full = run_world(cluster.size, cluster.network(), body, cluster.gamma)
+    fast = simulate_hierarchical(64 << 20, cluster.network(), cluster.size, 8, inter, cluster.gamma)
+    assert (full.ranks_simulated, fast.ranks_simulated) == (64, 16)
+    assert_same(full, fast)
+
+
+def test_asymmetric_cases_simulate_every_rank():
+    """A slow link, a straggler, a buffer that does not split evenly, a schedule with a root."""
+    cluster = Cluster(nodes=4, nodes_per_leaf=2)
+    slow = Cluster(nodes=4, nodes_per_leaf=2, slow_links={"node1.nic7.out": 4.0})
+    nbytes = 32 << 20
+    even = simulate("all_reduce", "ring", nbytes, cluster.network(), 32, cluster.gamma)
+    cases = [simulate("all_reduce", "ring", nbytes, slow.network(), 32, slow.gamma),
+             simulate("all_reduce", "ring", nbytes, cluster.network(), 32, cluster.gamma,
+                      slowdown={5: 100.0}),
+             simulate("all_reduce", "ring", nbytes + 4, cluster.network(), 32, cluster.gamma),
+             simulate("all_reduce", "tree", nbytes, cluster.network(), 32, cluster.gamma)]
+    assert [case.ranks_simulated for case in cases] == [32] * 4
+    assert even.ranks_simulated == 16
+    assert cases[0].seconds > even.seconds and cases[1].seconds > even.seconds
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "ps"])
+def test_a_schedule_that_is_not_symmetric_falls_back_to_every_rank(algorithm):
+    """Told (wrongly) that a rooted schedule is symmetric, the quotient deadlocks or mismatches a
+    size, and every rank is simulated: the same answer as the full simulation."""
+    cluster = Cluster(nodes=4, nodes_per_leaf=2)
+
+    def body(transport):
+        return run_algorithm(transport, "all_reduce", algorithm, 32 << 20)
+
+    full = run_world(32, cluster.network(), body, cluster.gamma)
+    told = run_world(32, cluster.network(), body, cluster.gamma, symmetry="shift")
+    assert told.ranks_simulated == 32
+    assert told.seconds == full.seconds
+
+
+def test_symmetry_checks_the_network():
+    cluster = Cluster(nodes=4, nodes_per_leaf=2)
+    quotient = Symmetry(32, 16, "shift")
+    assert quotient.route(cluster.network(), 15, 16).links[1].name == "leaf0.up~2"
+    with pytest.raises(NotSymmetric):
+        Symmetry(32, 8, "shift").route(cluster.network(), 7, 8)   # node 1 -> 2 crosses leaves, 0 -> 1 not
+    with pytest.raises(NotSymmetric):
+        Symmetry(32, 16, "shift").route(Cluster(nodes=4, nodes_per_leaf=2, slow_links={"gpu3.out": 2.0})
+                                        .network(), 3, 4)
+    with pytest.raises(ValueError, match="powers of two"):
+        Symmetry(24, 8, "xor")

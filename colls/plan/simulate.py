@@ -5,6 +5,11 @@ once, so that concurrent groups contend for the same links); `hierarchical_all_r
 registered hierarchical all-reduce (the code real runs across hosts use) over sim sub-groups:
 reduce-scatter inside each node, all-reduce across nodes among the ranks with the same local rank,
 all-gather inside the node (as NCCL's and Horovod's hierarchical all-reduce).
+
+Where every rank runs the same schedule up to a relabelling of the ranks (`SYMMETRIC`, on a buffer
+that splits evenly over the ranks, no straggler), one rank per orbit is simulated
+(`transports.sim.symmetry`): the smallest period under which the network is symmetric too, found
+by trying each; where none is (a slow link), every rank is. The answer is the same either way.
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ from algorithms.blocks import offsets
 from algorithms.channel import Channel
 from algorithms.hierarchical import Layout, Levels
 from transports.base import COLLECTIVE_TAG_BASE, Traffic
-from transports.sim import SimTransport, SimWorld, symbolic
+from transports.errors import CollectiveMismatch
+from transports.sim import NotSymmetric, SimTransport, SimulationFailed, SimWorld, Symmetry, symbolic
 
 from .. import config
 
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
+
+# the schedules in which rank g(r) does what rank r does, for g a relabelling of this kind
+# (`transports.sim.Symmetry`), when the buffer splits evenly: rings shift, halvings xor
+SYMMETRIC = {("all_reduce", "ring"): "shift", ("all_reduce", "ring_segmented"): "shift",
+             ("all_gather", "ring"): "shift", ("reduce_scatter", "ring"): "shift",
+             ("all_reduce", "rabenseifner"): "xor", ("all_reduce", "recursive_doubling"): "xor"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class Result:
     messages: int
     wall_seconds: float
     bytes_sent: int = 0        # the most any rank sent
+    ranks_simulated: int = 0   # one per orbit where ranks are symmetric (`SYMMETRIC`), else all
 
     @property
     def busbw(self) -> float:
@@ -109,12 +122,14 @@ def run_algorithm(transport: SimTransport, collective: str, algorithm: str, nbyt
 
 def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: int,
                             inter_algorithm: str = "ring", dtype=np.float32,
-                            collective: str = "all_reduce") -> int:
+                            collective: str = "all_reduce", layout: Layout | None = None) -> int:
     """The registered hierarchical all-reduce (reduce-scatter in the node, all-reduce of the shard
     across nodes with `inter_algorithm`, all-gather in the node), or broadcast, over sim sub-groups
-    of nodes of `local_size` consecutive ranks; returns the bytes this rank sent."""
+    of nodes of `local_size` consecutive ranks; returns the bytes this rank sent. `layout`: those
+    nodes' `Layout`, if the caller made it once for every rank."""
     size = transport.size
-    layout = Layout(tuple(rank // local_size for rank in range(size)))
+    if layout is None:
+        layout = Layout(tuple(rank // local_size for rank in range(size)))
     node = layout.members[layout.hosts[transport.rank]]
     intra = transport.subgroup(node, None)
     inter = transport.subgroup(layout.cross_members(layout.local_index(transport.rank)), None)
@@ -128,16 +143,46 @@ def hierarchical_all_reduce(transport: SimTransport, nbytes: int, local_size: in
 
 def run_world(size: int, network, body: Callable[[SimTransport], object], gamma: float = 0.0,
               copy_seconds_per_byte: float = 0.0, slowdown: dict[int, float] | None = None,
-              what: tuple[str, str, int] = ("", "", 0)) -> Result:
-    """Run `body` on every rank of a fresh `SimWorld`; the result's time is the slowest rank's."""
-    world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown,
-                     threads=config.get("COLLS_SIM_THREADS"))
+              what: tuple[str, str, int] = ("", "", 0), symmetry: str | None = None,
+              step: int = 1) -> Result:
+    """Run `body` on every rank of a fresh `SimWorld`; the result's time is the slowest rank's.
+    `symmetry`: `body` is the same on every rank up to relabellings of this kind ("shift" or
+    "xor"): then run one rank per orbit of the smallest period (a multiple of `step`) under which
+    the network is symmetric too, and every rank where none is or that run fails."""
+    threads = config.get("COLLS_SIM_THREADS")
     start = time.perf_counter()
-    sent = world.run(body)
+    world = None
+    for period in _periods(size, step, symmetry) if symmetry and not slowdown else ():
+        quotient = SimWorld(size, network, gamma, copy_seconds_per_byte, threads=threads,
+                            symmetry=Symmetry(size, period, symmetry))
+        try:
+            sent = quotient.run(body)
+        except NotSymmetric:
+            continue   # a longer period, or every rank
+        except (SimulationFailed, CollectiveMismatch):
+            break      # not the same program on every rank after all: every rank, which says why
+        world = quotient
+        break
+    if world is None:
+        world = SimWorld(size, network, gamma, copy_seconds_per_byte, slowdown, threads=threads)
+        sent = world.run(body)
     wall = time.perf_counter() - start
     collective, algorithm, nbytes = what
     most = max((s for s in sent if isinstance(s, int)), default=0)
-    return Result(collective, algorithm, size, nbytes, max(world.finish_times), world.messages, wall, most)
+    order = 1 if world.symmetry is None else world.symmetry.order
+    return Result(collective, algorithm, size, nbytes, max(world.finish_times), world.messages * order,
+                  wall, most, len(world.ranks))
+
+
+def _periods(size: int, step: int, kind: str) -> list[int]:
+    """The periods a symmetry of `kind` may have on `size` ranks, multiples of `step`, shortest first."""
+    return [period for period in range(step, size, step) if size % period == 0
+            and (kind == "shift" or not (period & (period - 1) or size & (size - 1)))]
+
+
+def _even(nbytes: int, size: int, dtype=np.float32) -> bool:
+    """Whether `nbytes` of `dtype` split into `size` equal blocks."""
+    return nbytes % (size * np.dtype(dtype).itemsize) == 0
 
 
 def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, gamma: float = 0.0,
@@ -151,8 +196,10 @@ def simulate(collective: str, algorithm: str, nbytes: int, network, size: int, g
             transport = transport.subgroup(groups[transport.rank], None)
         return run_algorithm(transport, collective, algorithm, nbytes, dtype, root)
 
+    even = groups is None and _even(nbytes, size, dtype)
+    symmetry = SYMMETRIC.get((collective, algorithm)) if even else None
     return run_world(size, network, body, gamma, copy_seconds_per_byte, slowdown,
-                     (collective, algorithm, nbytes))
+                     (collective, algorithm, nbytes), symmetry)
 
 
 def simulate_hierarchical(nbytes: int, network, size: int, local_size: int, inter_algorithm: str = "ring",
@@ -162,10 +209,15 @@ def simulate_hierarchical(nbytes: int, network, size: int, local_size: int, inte
     `local_size` a node, `inter_algorithm` across nodes."""
     if size % local_size:
         raise ValueError(f"{size} ranks do not split into nodes of {local_size}")
+    layout = Layout(tuple(rank // local_size for rank in range(size)))
 
     def body(transport: SimTransport) -> int:
         return hierarchical_all_reduce(transport, nbytes, local_size, inter_algorithm,
-                                       collective=collective)
+                                       collective=collective, layout=layout)
 
+    # the nodes' phases are the same in every node: the schedule is as symmetric as the one across
+    symmetry = (SYMMETRIC.get(("all_reduce", inter_algorithm))
+                if collective == "all_reduce" and _even(nbytes, size) else None)
     return run_world(size, network, body, gamma, slowdown=slowdown,
-                     what=(collective, f"hierarchical/{inter_algorithm}", nbytes))
+                     what=(collective, f"hierarchical/{inter_algorithm}", nbytes),
+                     symmetry=symmetry, step=local_size)

@@ -22,11 +22,13 @@ The cost model, stated (Thakur, Rabenseifner & Gropp 2005's α-β-γ, plus links
 - Charges of γ (reductions in algorithm code) and of copies advance the running rank's own clock.
 
 The package: `symbolic` (buffers without data), `network` (links, routes, time sharing), `ranks`
-(per-rank state, fibers, cores), `world` (`SimWorld`, the scheduler), `transport` (`SimTransport`).
+(per-rank state, fibers, cores), `world` (`SimWorld`, the scheduler), `transport` (`SimTransport`),
+`symmetry` (symmetric ranks simulated once).
 """
 
 from .network import IdealNetwork, Link, Route, TimeSharing
 from .symbolic import SymbolicArray, is_symbolic, root_of, symbolic
+from .symmetry import NotSymmetric, Symmetry
 from .transport import REAL_COPY_BYTES, SimTransport
 from .world import SimulationFailed, SimWorld
 
@@ -34,11 +36,13 @@ __all__ = [
     "REAL_COPY_BYTES",
     "IdealNetwork",
     "Link",
+    "NotSymmetric",
     "Route",
     "SimTransport",
     "SimWorld",
     "SimulationFailed",
     "SymbolicArray",
+    "Symmetry",
     "TimeSharing",
     "is_symbolic",
     "root_of",

@@ -214,3 +214,7 @@ class _Group:
     id: int
     world_ranks: list[int]
     splits: dict[int, int] = field(default_factory=dict)   # world rank -> subgroup calls made
+    # with a `Symmetry`: (parent's label, calls, frozenset of world ranks), the world's (); and
+    # whether a member made it (its ranks' order is then known), not only a sender to its image
+    label: tuple = ()
+    made: bool = True

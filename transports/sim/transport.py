@@ -111,13 +111,16 @@ class SimTransport(Transport):
 
     def _send(self, buf: np.ndarray, peer: int, tag: int, route: Route | None) -> Request:
         world, me = self.world, self.me
-        receiver = world.ranks[self.group.world_ranks[peer]]
+        dst = self.group.world_ranks[peer]
+        if world.symmetry is None:
+            receiver, key = world.ranks[dst], (self.group.id, self.rank, tag)
+        else:   # a representative receives it, as from the sender's image
+            receiver, key = world.target(self.group, me.rank, dst, tag)
         fused = route   # a sendrecv's send on the network's exchange route (priced as the whole step)
         if route is None:
             me.clock = max(me.clock, world.now) + world.post_seconds * me.slowdown
             written = world.written is not None and id(root_of(buf)) in world.written
-            route = world._routes.get((me.rank, receiver.rank)) or world.route(me.rank, receiver.rank,
-                                                                              buf.nbytes, written)
+            route = world._routes.get((me.rank, dst)) or world.route(me.rank, dst, buf.nbytes, written)
         else:   # the fused step's own copying in
             me.clock = max(me.clock, world.now) + route.send_busy * me.slowdown
         request = _SimRequest("send", peer, tag, buf, me)
@@ -125,7 +128,6 @@ class SimTransport(Transport):
         if not is_symbolic(buf):
             data = buf.copy() if buf.nbytes <= REAL_COPY_BYTES else buf
         message = _Message(request, route, data, me)
-        key = (self.group.id, self.rank, tag)
         waiting = receiver.unmatched_recvs.get(key)
         if waiting:
             self._match(message, waiting.popleft())
@@ -158,7 +160,8 @@ class SimTransport(Transport):
             _written(buf, pays=False)   # what arrives is written into it by this rank (when it lands)
         me.clock = max(me.clock, self.world.now) + (self.world.post_seconds * me.slowdown if post else 0.0)
         request = _SimRequest("recv", peer, tag, buf, me, reducer)
-        key = (self.group.id, peer, tag)
+        # with a symmetry, senders are named by world rank (`SimWorld.target`)
+        key = (self.group.id, peer if self.world.symmetry is None else self.group.world_ranks[peer], tag)
         sent = me.unmatched_sends.get(key)
         if sent:
             self._match(sent.popleft(), request)
@@ -215,8 +218,7 @@ class SimTransport(Transport):
         self.group.splits[self.me.rank] = calls + 1
         if not ranks:
             return None
-        key = (self.group.id, calls, tuple(ranks))
-        child = self.world.group(key, [self.group.world_ranks[r] for r in ranks])
+        child = self.world.group(self.group, calls, tuple(ranks), [self.group.world_ranks[r] for r in ranks])
         return SimTransport(self.world, child, list(ranks).index(self.rank))
 
     def abort(self, reason: str) -> None:

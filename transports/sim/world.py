@@ -34,7 +34,13 @@ from .ranks import (
     _Threads,
 )
 from .symbolic import _RUNNING, _rewrite_seconds, is_symbolic, root_of
+from .symmetry import NotSymmetric, Symmetry
 from .transport import SimTransport
+
+# what a network may say of its machine beyond links and routes; a symmetry supports none of them
+_EXTRAS = {"route_for", "exchange_route", "time_sharing", "tracks_writes", "rewrite_seconds",
+           "alloc_seconds_per_byte", "post_seconds", "send_busy_seconds", "receive_reduce_seconds",
+           "reduce_call_seconds", "copy_call_seconds", "after_work_bytes", "in_place_exchange_bytes"}
 
 
 class SimulationFailed(RuntimeError):
@@ -46,18 +52,24 @@ class SimWorld:
 
     `gamma`: seconds per byte reduced; `copy_seconds_per_byte`: per byte copied by algorithm code;
     `slowdown[rank]`: a factor on that rank's α, γ and copies (a straggler); `threads`: run the
-    ranks as threads even where greenlet is installed (`COLLS_SIM_THREADS`, read by `colls plan`).
+    ranks as threads even where greenlet is installed (`COLLS_SIM_THREADS`, read by `colls plan`);
+    `symmetry`: run only ranks 0 .. symmetry.period-1, the others being their relabelled images
+    (`transports.sim.symmetry`; `ranks`, `run`'s results and `finish_times` are theirs only).
     """
 
     def __init__(self, size: int, network, gamma: float = 0.0, copy_seconds_per_byte: float = 0.0,
-                 slowdown: dict[int, float] | None = None, threads: bool = False) -> None:
+                 slowdown: dict[int, float] | None = None, threads: bool = False,
+                 symmetry: Symmetry | None = None) -> None:
         self.size = size
         self.threads = threads
         self.network = network
         self.gamma = gamma
         self.copy_seconds_per_byte = copy_seconds_per_byte
         self.now = 0.0
-        self.ranks = [_Rank(self, r) for r in range(size)]
+        if symmetry is not None and (symmetry.size != size or slowdown or _EXTRAS & set(dir(network))):
+            raise NotSymmetric(f"{symmetry} does not fit {size} ranks with a straggler or this network")
+        self.symmetry = symmetry
+        self.ranks = [_Rank(self, r) for r in range(size if symmetry is None else symmetry.period)]
         for rank, factor in (slowdown or {}).items():
             self.ranks[rank].slowdown = factor
         self._events: list[tuple] = []
@@ -66,6 +78,7 @@ class SimWorld:
         self._dirty: set[Link] = set()
         self._routes: dict[tuple[int, int], Route] = {}
         self._groups: dict[tuple, _Group] = {}
+        self._images: dict[tuple[int, int], int] = {}   # (group id, k) -> id of its image by k
         self._pulls: list[float] = []   # when the pulls (copies by receivers) in progress end
         # buffers written in this run (reduced into, copied into, received into), by their root's
         # id, when the network routes messages from written buffers apart (`route_for(..., written)`)
@@ -104,7 +117,7 @@ class SimWorld:
     def run(self, body: Callable[[SimTransport], object], stack_bytes: int = 256 << 10) -> list[object]:
         """Run `body(transport)` on every rank to completion; returns their results in rank order."""
         group = _Group(0, list(range(self.size)))
-        transports = [SimTransport(self, group, r) for r in range(self.size)]
+        transports = [SimTransport(self, group, r) for r in range(len(self.ranks))]
         use_threads = _greenlet is None or self.threads
         self._fibers = _Threads(stack_bytes) if use_threads else _Greenlets()
         self._fibers.start(self.ranks, [functools.partial(self._rank_main, rank, body, transport)
@@ -221,7 +234,9 @@ class SimWorld:
         key = (src, dst) if sized is None else (src, dst, nbytes, written)
         route = self._routes.get(key)
         if route is None:
-            if sized is None:
+            if self.symmetry is not None:
+                route = self.symmetry.route(self.network, src, dst)
+            elif sized is None:
                 route = self.network.route(src, dst)
             else:
                 route = sized(src, dst, nbytes, written) if written else sized(src, dst, nbytes)
@@ -407,9 +422,38 @@ class SimWorld:
             owner.released = _SimRequest("recv", parent, -1, np.empty(0, np.uint8), owner)
         return owner.released
 
-    def group(self, key: tuple, world_ranks: list[int]) -> _Group:
-        """The sub-group registered under `key`, made on first use."""
+    def group(self, parent: _Group, calls: int, ranks: tuple[int, ...], world_ranks: list[int]) -> _Group:
+        """The sub-group of `parent` made by its members' call number `calls` over `ranks` (of the
+        parent), made on first use; with a symmetry, the one its label names."""
+        if self.symmetry is None:
+            key = (parent.id, calls, ranks)
+        else:
+            key = (parent.label, calls, frozenset(world_ranks))
         found = self._groups.get(key)
         if found is None:
-            found = self._groups[key] = _Group(len(self._groups) + 1, world_ranks)
+            found = self._groups[key] = _Group(len(self._groups) + 1, world_ranks, label=key)
+        elif not found.made:   # made as a message's image: now its order is known
+            found.world_ranks, found.made = world_ranks, True
+        elif self.symmetry is not None and found.world_ranks != world_ranks:
+            raise NotSymmetric(f"two orders of one group of {len(world_ranks)} ranks")
         return found
+
+    def target(self, group: _Group, src: int, dst: int, tag: int) -> tuple[_Rank, tuple]:
+        """With a symmetry: the representative that receives what world rank `src` sends to world
+        rank `dst` in `group`, and the key it receives it under (its image of the group, the
+        sender's image, the tag)."""
+        symmetry = self.symmetry
+        rep, k = symmetry.locate(dst)
+        if k == 0:
+            return self.ranks[rep], (group.id, src, tag)
+        back = symmetry.inverse(k)
+        image = self._images.get((group.id, back)) if group.label else group.id   # (): the world
+        if image is None:
+            label = symmetry.image_label(group.label, back)
+            found = self._groups.get(label)
+            if found is None:
+                members = sorted(label[2])
+                found = self._groups[label] = _Group(len(self._groups) + 1, members, label=label,
+                                                     made=False)
+            image = self._images[(group.id, back)] = found.id
+        return self.ranks[rep], (image, symmetry.apply(back, src), tag)
