@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,9 +65,11 @@ def assert_clean(result: subprocess.CompletedProcess, ranks: int) -> None:
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 def test_two_ranks_under_torchrun_match_gloo():
-    """Every method at 2 ranks, bitwise for floats; plain DDP bitwise; FSDP2; env:// with torch's store."""
+    """Every method at 2 ranks, bitwise for floats; plain DDP bitwise; FSDP2; the functional
+    all_reduce; env:// with torch's store."""
     result = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                  "--master-addr", "127.0.0.1", "--master-port", str(free_port()), WORKER, EVERYTHING])
+                  "--master-addr", "127.0.0.1", "--master-port", str(free_port()), WORKER,
+                  EVERYTHING + ",functional"])
     assert_clean(result, 2)
 
 
@@ -89,6 +92,21 @@ def test_four_ranks_under_colls_run_match_gloo():
     """Every method at 4 ranks; plain DDP within 1e-12 of DDP over Gloo after 5 steps."""
     result = run([sys.executable, "-m", "colls.cli", "run", "-n", "4", sys.executable, WORKER, EVERYTHING])
     assert_clean(result, 4)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(JOB_TIMEOUT_S + 30)
+def test_three_ranks_under_mpiexec_over_the_mpi_transport_match_gloo():
+    """COLLS_TRANSPORT=mpi under plain mpiexec (no torch variables set): the collectives run over
+    MPI, sub-groups through MPI_Comm_create_group."""
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec (pip install -e '.[mpi]')")
+    result = run([mpiexec, "-n", "3", sys.executable, WORKER, "reductions,by_hand,copies,asynchrony"],
+                 COLLS_TRANSPORT="mpi")
+    failed = [line for line in result.stdout.splitlines() if "FAIL " in line]
+    assert result.returncode == 0 and not failed, "\n".join(failed[:40]) + result.stderr[-3000:]
+    assert result.stdout.count("asynchrony took") == 3, result.stdout[-3000:]
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT_S + 30)

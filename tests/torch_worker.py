@@ -283,6 +283,33 @@ def asynchrony(size: int, rank: int, gloo) -> None:
         if dist.get_backend(sub) != "colls":
             failures.append(f"get_backend(new_group) is {dist.get_backend(sub)!r}, not 'colls'")
     attempt("a CUDA-less refusal of a meta tensor", lambda: _refuses_device(rank))
+    attempt("coalescing manager", _coalesced, size, rank, gloo)
+
+
+def _coalesced(size: int, rank: int, gloo) -> None:
+    """all_gather_into_tensor twice under `_coalescing_manager` (as FSDP and others batch calls)."""
+    outputs, references = [torch.zeros(2 * size), torch.zeros(3 * size)], [torch.empty(2 * size),
+                                                                          torch.empty(3 * size)]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for output, count in zip(outputs, (2, 3), strict=True):
+            dist.all_gather_into_tensor(output, data(rank, count, torch.float32))
+    manager.wait()
+    for reference, count in zip(references, (2, 3), strict=True):
+        dist.all_gather_into_tensor(reference, data(rank, count, torch.float32), group=gloo)
+    for output, reference in zip(outputs, references, strict=True):
+        check("all_gather_into_tensor under _coalescing_manager", output, reference)
+
+
+def functional(size: int, rank: int, gloo) -> None:
+    """The functional all_reduce (torch.distributed._functional_collectives: what DTensor and
+    torch.compile call; its import costs seconds, so only the 2-rank job runs it)."""
+    import torch.distributed._functional_collectives as functional_collectives
+
+    reference = data(rank, 10, torch.float64)
+    dist.all_reduce(reference, group=gloo)
+    result = functional_collectives.all_reduce(data(rank, 10, torch.float64), "sum", dist.group.WORLD)
+    check("functional all_reduce", functional_collectives.wait_tensor(result), reference,
+          tolerance(torch.float64, size, "SUM"))
 
 
 def _refuses_device(rank: int) -> None:
@@ -383,10 +410,14 @@ def main() -> int:
     dist.init_process_group("colls")
     size, rank = dist.get_world_size(), dist.get_rank()
     gloo = dist.new_group(backend="gloo")
+    transport = dist.group.WORLD.comm.transport.name
+    if transport != os.environ.get("COLLS_TRANSPORT", "shm"):
+        failures.append(f"the group runs over {transport}, COLLS_TRANSPORT says "
+                        f"{os.environ.get('COLLS_TRANSPORT')}")
     parts = sys.argv[1].split(",")
     for part in parts:
         start = time.monotonic()
-        if part in ("reductions", "copies", "asynchrony", "ddp", "fsdp2"):
+        if part in ("reductions", "copies", "asynchrony", "ddp", "fsdp2", "functional"):
             globals()[part](size, rank, gloo)
         elif part == "by_hand":
             by_hand(size, rank)

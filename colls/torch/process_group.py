@@ -389,13 +389,14 @@ class ProcessGroupColls(dist.ProcessGroup):
                                   f"input {input.numel()}, which do not fit {self.comm.size} ranks")
 
     def _last(self, works: list[CollsWork], outputs: list[torch.Tensor], what: str) -> CollsWork:
-        """One handle for several queued calls: the stream runs them in order, so the last one's
-        completion is theirs; an empty list completes at once."""
-        if not works:
-            return self._run(what, outputs, lambda: None)
-        last = works[-1]
-        last.outputs = outputs
-        return last
+        """One handle for several calls just issued: a job behind them (the stream runs calls in
+        order) that re-raises the first one's error, if any."""
+
+        def job() -> None:
+            for work in works:
+                work.wait()
+
+        return self._run(what, outputs, job)
 
 
 def _unpack(gathered: np.ndarray, targets: list[torch.Tensor]) -> None:
