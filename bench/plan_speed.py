@@ -3,7 +3,9 @@
 Run: python bench/plan_speed.py [--sim]
 Prints CPU seconds of each: the NCCL model's all_reduce on 1024 and 8192 GPUs, `plan search`'s
 1024-GPU question (issue 43), and with --sim the sim transport's 1024-rank 1 GiB ring all_reduce and
-8192-rank hierarchical one (the issue's targets: 20 s and 60 s; minutes of a busy 2-core machine).
+8192-rank hierarchical one (the issue's targets: 20 s and 60 s), each with the ranks it simulated
+(one per orbit where ranks are symmetric, `transports/sim/symmetry.py`); COLLS_SIM_THREADS=1 runs
+them on threads rather than greenlets.
 """
 
 from __future__ import annotations
@@ -47,11 +49,17 @@ def main() -> None:
     if args.sim:
         ring = preset("dgx-h100", nodes=128)
         cpu("sim: ring all_reduce 1 GiB, 1024 ranks",
-            lambda: simulate("all_reduce", "ring", 1 << 30, ring.network(), ring.size, ring.gamma).seconds)
+            lambda: simulated(simulate("all_reduce", "ring", 1 << 30, ring.network(), ring.size, ring.gamma)))
         big = preset("dgx-h100", nodes=1024, nodes_per_leaf=16)
         cpu("sim: hierarchical (rabenseifner across) 1 GiB, 8192 ranks",
-            lambda: simulate_hierarchical(1 << 30, big.network(), big.size, 8, "rabenseifner",
-                                          big.gamma).seconds)
+            lambda: simulated(simulate_hierarchical(1 << 30, big.network(), big.size, 8, "rabenseifner",
+                                                    big.gamma)))
+
+
+def simulated(result) -> str:
+    """A simulation's answer, its messages and the ranks it ran."""
+    return (f"{result.seconds!r} s, {result.messages} messages, {result.ranks_simulated} of "
+            f"{result.size} ranks run")
 
 
 if __name__ == "__main__":

@@ -406,6 +406,17 @@ def test_a_schedule_that_is_not_symmetric_falls_back_to_every_rank(algorithm):
     assert told.seconds == full.seconds
 
 
+class PostingNetwork(IdealNetwork):
+    post_seconds = 1e-6   # software per message: more than links and routes, which no symmetry takes
+
+
+def test_a_network_with_more_than_links_is_simulated_on_every_rank():
+    with pytest.raises(NotSymmetric):
+        SimWorld(8, PostingNetwork(8, ALPHA, BETA), symmetry=Symmetry(8, 1, "shift"))
+    result = simulate("all_reduce", "ring", 1 << 20, PostingNetwork(8, ALPHA, BETA), 8, GAMMA)
+    assert result.ranks_simulated == 8
+
+
 def test_symmetry_checks_the_network():
     cluster = Cluster(nodes=4, nodes_per_leaf=2)
     quotient = Symmetry(32, 16, "shift")

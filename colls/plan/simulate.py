@@ -153,9 +153,9 @@ def run_world(size: int, network, body: Callable[[SimTransport], object], gamma:
     start = time.perf_counter()
     world = None
     for period in _periods(size, step, symmetry) if symmetry and not slowdown else ():
-        quotient = SimWorld(size, network, gamma, copy_seconds_per_byte, threads=threads,
-                            symmetry=Symmetry(size, period, symmetry))
         try:
+            quotient = SimWorld(size, network, gamma, copy_seconds_per_byte, threads=threads,
+                                symmetry=Symmetry(size, period, symmetry))
             sent = quotient.run(body)
         except NotSymmetric:
             continue   # a longer period, or every rank
