@@ -89,9 +89,14 @@ def test_three_ranks_under_colls_run_match_gloo_and_survive_a_dead_rank():
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 def test_four_ranks_under_colls_run_match_gloo():
-    """Every method at 4 ranks; plain DDP within 1e-12 of DDP over Gloo after 5 steps."""
-    result = run([sys.executable, "-m", "colls.cli", "run", "-n", "4", sys.executable, WORKER, EVERYTHING])
+    """Every method at 4 ranks; plain DDP within 1e-12 of DDP over Gloo after 5 steps; then calls
+    of different sizes on each rank raise a colls error on every rank within seconds."""
+    result = run([sys.executable, "-m", "colls.cli", "run", "-n", "4", sys.executable, WORKER,
+                  EVERYTHING + ",mismatch"])
     assert_clean(result, 4)
+    errors = re.findall(r"mismatch: after ([\d.]+) s (\w+): (.*)", result.stdout)
+    assert len(errors) == 4, result.stdout[-2000:]
+    assert all(float(seconds) < 30 for seconds, _, _ in errors), errors
 
 
 @pytest.mark.mpi

@@ -406,6 +406,24 @@ def dead_rank(size: int, rank: int) -> None:
         failures.append(f"dead rank: the error took {time.monotonic() - start:.0f} s")
 
 
+def mismatch(size: int, rank: int) -> None:
+    """Each rank all_reduces a different number of elements: every rank raises a colls error
+    within seconds (a CollectiveMismatch naming the sizes, or the abort it causes), none hangs."""
+    from colls import CollsError
+
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4 + rank))
+    except CollsError as error:
+        print(f"rank {rank}: mismatch: after {time.monotonic() - start:.1f} s {type(error).__name__}: "
+              f"{str(error)[:200]}", flush=True)
+    else:
+        failures.append("mismatch: all_reduce of different sizes returned")
+    if time.monotonic() - start > 30:
+        failures.append(f"mismatch: the error took {time.monotonic() - start:.0f} s")
+
+
 def main() -> int:
     dist.init_process_group("colls")
     size, rank = dist.get_world_size(), dist.get_rank()
@@ -426,8 +444,9 @@ def main() -> int:
         print(f"rank {rank}: {part} took {time.monotonic() - start:.1f} s", flush=True)
     for failure in failures:
         print(f"FAIL rank {rank}/{size}: {failure}", flush=True)
-    if "dead_rank" in parts and not failures:
-        dead_rank(size, rank)
+    last = [part for part in parts if part in ("dead_rank", "mismatch")]
+    if last and not failures:   # the world is unusable afterwards: these come last
+        globals()[last[0]](size, rank)
         for failure in failures:
             print(f"FAIL rank {rank}/{size}: {failure}", flush=True)
         os._exit(1 if failures else 0)   # the world has lost a rank: no orderly teardown
