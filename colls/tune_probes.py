@@ -18,6 +18,7 @@ import numpy as np
 from algorithms.ops import SUM
 from transports import cma
 from transports.base import Backoff
+from transports.shm.probes import direct_turn_seconds, wait_turn_seconds
 
 from .bench.cases import fresh_array
 from .communicator import Communicator
@@ -156,25 +157,24 @@ def exchange_seconds(pair: Communicator, rounds: int, nbytes: int = SMALL_BYTES,
 
 def persistent_exchange_seconds(pair: Communicator, rounds: int, nbytes: int, reduce: bool = False,
                                 fence: Communicator | None = None) -> float:
-    """`exchange_seconds` for the exchange of a small call compiled to a schedule
-    (`algorithms.blocks.Schedule`): `reduce`, a float32 sum in place, as a small all_reduce's;
+    """`exchange_seconds` for the exchange of a small call compiled to a schedule (its step bound
+    once, `Channel.exchange_init`): `reduce`, a float32 sum in place, as a small all_reduce's;
     else plain into another buffer, as a small all_to_all's."""
     fence = pair if fence is None else fence
     buf, incoming = ones(nbytes), ones(nbytes)
     dtype = np.dtype(np.float32) if reduce else np.dtype(np.uint8)
     channel = pair.channel("colls tune persistent exchange", timeout=120)
     peer = 1 - pair.rank
-    mine, theirs = buf.view(dtype), incoming.view(dtype)
+    mine = buf.view(dtype)
+    into = mine if reduce else incoming.view(dtype)
+    step = channel.exchange_init(dtype, mine.size, peer, into.size, peer, SUM.into_right if reduce else None)
     times = []
     for _ in range(rounds):
         if reduce:
             buf.fill(0)   # (a sum of ones again and again would overflow to inf in float32)
         fence.barrier()
         start = time.perf_counter()
-        if reduce:
-            channel.exchange(mine, peer, mine, peer, SUM.into_right)
-        else:
-            channel.exchange(mine, peer, theirs, peer)
+        step(mine, into)
         times.append(time.perf_counter() - start)
     return statistics.median(slowest(pair, times))
 
@@ -238,25 +238,25 @@ def call_seconds(comm: Communicator, collective: str, rounds: int = 2000) -> flo
 
 def spin_seconds(pair: Communicator, polls: int = Backoff.SPIN_POLLS, rounds: int = 100) -> float:
     """How long a waiting rank polls before it yields its core: `polls` turns of the transport's
-    wait loop with a receive pending (rank 1 of a two-rank `pair`, rank 0 sends late). `polls`: the
-    profiled group's (`ShmTransport.spin_polls`: fewer where ranks outnumber cores)."""
+    wait loop with a receive pending (rank 1 of a two-rank `pair`, rank 0 sends late); the shm
+    transport's own loop (`transports.shm.probes`), else the backoff's alone. `polls`: the
+    profiled group's (`Capabilities.spin_polls`: fewer where ranks outnumber cores)."""
     buf = np.zeros(SMALL_BYTES, np.uint8)
     channel = pair.channel("colls tune spin", timeout=120)
-    poll = getattr(pair.transport, "progress", lambda: False)
     times = [0.0] * rounds
     for i in range(rounds):
         pair.barrier()
         if pair.rank == 1:
-            receive = channel.recv(buf, 0)
-            backoff = Backoff(polls)
-            start = time.perf_counter()
-            for _ in range(polls - 1):   # what wait_all does on each turn
-                poll()
-                if receive.done:   # cannot be: rank 0 sends after the next barrier
-                    break
-                time.monotonic()   # the deadline check
-                backoff.pause()
-            times[i] = time.perf_counter() - start
+            receive = channel.recv(buf, 0)   # rank 0 sends after the next barrier
+            if pair.transport.name == "shm":
+                times[i] = wait_turn_seconds(pair.transport, receive, polls - 1)
+            else:
+                backoff = Backoff(polls)
+                start = time.perf_counter()
+                for _ in range(polls - 1):
+                    time.monotonic()   # the deadline check
+                    backoff.pause()
+                times[i] = time.perf_counter() - start
         pair.barrier()
         if pair.rank == 0:
             channel.wait(channel.send(buf, 1))
@@ -268,23 +268,11 @@ def spin_seconds(pair: Communicator, polls: int = Backoff.SPIN_POLLS, rounds: in
 def one_slot_spin_seconds(pair: Communicator, polls: int = Backoff.SPIN_POLLS,
                           rounds: int = 100) -> float:
     """How long a rank waiting in a sendrecv polls before it yields its core: `polls` turns of
-    the shm one-slot receive's loop (`ShmTransport._receive_now`: read the FIFO's head,
-    check for other messages in flight) on rank 1 of a two-rank `pair`; 0 on a transport without it."""
-    transport = pair.transport
-    inbound = getattr(transport, "inbound", None)
-    if inbound is None or pair.rank != 1:
+    the shm direct path's wait (`transports.shm.probes`) on rank 1 of a two-rank `pair`; 0 on
+    another transport."""
+    if pair.transport.name != "shm" or pair.rank != 1:
         return statistics.median(slowest(pair, [0.0] * rounds))
-    ctl, tail = inbound[0].ctl, transport.read_tail[0]
-    times, landed = [], 0
-    for _ in range(rounds):
-        turns = 0
-        start = time.perf_counter()
-        while turns < polls:   # the loop's test, read but not obeyed (rank 0 may send)
-            landed += ctl[0] > tail
-            if transport.active_out or transport.active_in:
-                transport.progress()
-            turns += 1
-        times.append(time.perf_counter() - start)
+    times = [direct_turn_seconds(pair.transport, 0, polls) for _ in range(rounds)]
     return statistics.median(slowest(pair, times))
 
 

@@ -73,7 +73,7 @@ def _pair_profile(pair: Communicator, fence: Communicator, allowed: list[int], c
     before = pinned({allowed[pair.rank % cores]})   # two cores: no hand-over in the numbers
     try:
         mode_before = link.mode() if link is not None else (None, None)   # the VM's mode
-        cma_from = getattr(pair.transport, "rendezvous_bytes", 64 << 10)   # cross-memory attach from here
+        cma_from = pair.transport.capabilities.send_address_from_bytes or 1 << 62   # by address from here
         pair_one_way_seconds(pair, SMALL_BYTES, 2000)   # warm-up
         free = pair_one_way_seconds(pair, SMALL_BYTES, 2000)
         rounds = {n: max(10, min(1000, (1 << 30) // max(n, 1) // 16)) for n in PROFILE_MESSAGE_BYTES}
@@ -168,7 +168,7 @@ def profile(comm: Communicator) -> dict:
         try:
             fence = pair.split(0)
             message, exchanges, written, send, extra = _pair_profile(
-                pair, fence, allowed, cores, getattr(comm.transport, "spin_polls", Backoff.SPIN_POLLS))
+                pair, fence, allowed, cores, comm.transport.capabilities.spin_polls or Backoff.SPIN_POLLS)
         finally:
             if fence is not None:
                 fence.close()
@@ -189,10 +189,12 @@ def profile(comm: Communicator) -> dict:
     work_call = {kind: work_seconds_per_byte(comm, kind, SMALL_BYTES, workers) * SMALL_BYTES
                  for kind in ("reduce", "copy")}
     # the exchange protocols in effect while measuring (the model prices exchanges by them)
-    thresholds = {kind: int(getattr(comm.transport, name)) for kind, name in
-                  (("plain", "exchange_rendezvous_bytes"), ("reducing", "reduce_exchange_rendezvous_bytes"),
-                   ("plain_huge", "exchange_huge_bytes"))
-                  if hasattr(comm.transport, name)}
+    declared = comm.transport.capabilities
+    thresholds = {kind: value or 1 << 62 for kind, value in
+                  (("plain", declared.exchange_address_from_bytes),
+                   ("reducing", declared.reduce_exchange_address_from_bytes),
+                   ("plain_huge", declared.huge_exchange_address_from_bytes))
+                  if comm.transport.name == "shm"}
     return {"ranks": comm.size, "cores": cores, "transport": comm.transport.name, "message_s": message,
             "exchange_cma_bytes": thresholds,
             **exchanges, "message_written_s": written, "send_s": send,

@@ -564,3 +564,24 @@ def test_a_receive_waiting_for_one_tag_blocks_no_receive_of_another(transport):
     peer, so a receive posted for a tag not yet sent blocked every later one from that peer."""
     got, _ = colls.spawn(_tags_out_of_order, 2, transport=transport, timeout=40)
     assert got == [[5] * 4, [6] * 4]
+
+
+def _declared(comm) -> list:
+    transport, declared = comm.transport, comm.transport.capabilities
+    chunk, slots = fifo_geometry(comm.size)
+    cores = transport.cores
+    want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots, comm.size, cores=cores),
+            exchange_rendezvous_bytes(chunk, slots, comm.size, True, cores),
+            exchange_huge_bytes(chunk, slots, comm.size, cores))
+    got = (declared.send_address_from_bytes, declared.exchange_address_from_bytes,
+           declared.reduce_exchange_address_from_bytes, declared.huge_exchange_address_from_bytes)
+    return [transport.cma, list(want), list(got), declared.spin_polls]
+
+
+@pytest.mark.timeout(60)
+def test_the_protocol_thresholds_a_model_prices_are_declared():
+    """`colls tune` reads the sizes from which messages go by address from the declared
+    capabilities (no transport attribute): they are the thresholds the transport goes by."""
+    for cma, want, got, spin in colls.spawn(_declared, 2, transport="shm", timeout=40):
+        assert got == (want if cma else [0, 0, 0, 0])
+        assert spin >= 1

@@ -67,6 +67,15 @@ class Capabilities:
     device_buffers: bool = False          # isend/irecv take GPU (cupy) arrays as well as numpy ones
     maps_registered_memory: bool = False  # peers read this rank's registered memory (`colls.alloc`)
     registered_from_bytes: int = 0        # ... for messages of at least this size
+    # the protocols a performance model prices (`colls tune`): a waiting rank's polls before it
+    # yields its core (0: it does not poll), and the sizes from which a message goes by address
+    # rather than through a buffer of the transport's (0: never): a send, a sendrecv, a reducing
+    # sendrecv, a sendrecv from huge pages
+    spin_polls: int = 0
+    send_address_from_bytes: int = 0
+    exchange_address_from_bytes: int = 0
+    reduce_exchange_address_from_bytes: int = 0
+    huge_exchange_address_from_bytes: int = 0
 
 
 class Transport(ABC):

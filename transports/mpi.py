@@ -24,6 +24,7 @@ import numpy as np
 from .base import (
     COLLECTIVE_TAG_BASE,
     Backoff,
+    Capabilities,
     Exchange,
     Reducer,
     Request,
@@ -158,6 +159,7 @@ class MpiTransport(Transport):
     """One rank's end of an MPI communicator."""
 
     name = "mpi"
+    capabilities = Capabilities(spin_polls=Backoff.SPIN_POLLS)   # `wait_all` polls MPI_Testall so
 
     def __init__(self, comm=None) -> None:
         MPI = import_mpi()

@@ -152,6 +152,13 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, size, True, self.cores)
                                                  if self.cma else NEVER)
         self.exchange_huge_bytes = exchange_huge_bytes(*geometry, size, self.cores) if self.cma else NEVER
+        self.capabilities = dataclasses.replace(
+            self.capabilities, spin_polls=self.spin_polls,
+            **{name: 0 if value == NEVER else value for name, value in (
+                ("send_address_from_bytes", self.rendezvous_bytes),
+                ("exchange_address_from_bytes", self.exchange_rendezvous_bytes),
+                ("reduce_exchange_address_from_bytes", self.reduce_exchange_rendezvous_bytes),
+                ("huge_exchange_address_from_bytes", self.exchange_huge_bytes))})
         self.closed = False
 
     # -- posting ---------------------------------------------------------------------------------
