@@ -80,8 +80,8 @@ class Collectives(GatherScatter):
         elif out is None:
             result = work = np.empty(x.shape, x.dtype)
         elif out is x and x.flags.writeable or (type(out) is np.ndarray and out.shape == x.shape
-                                                and out.dtype == x.dtype and out.flags.c_contiguous
-                                                and out.flags.writeable):
+                                                and out.dtype is x.dtype and out.flags.c_contiguous
+                                                and out.flags.writeable):   # (else: `check.result`)
             result = work = out   # (what `check.result` concludes for a usable out, without the call)
         else:
             result, work = check.result("all_reduce", out, x.shape, x.dtype, like=x)
