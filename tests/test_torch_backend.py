@@ -122,7 +122,7 @@ def test_tutorial_example_losses_match_gloo():
     for backend in ("colls", "gloo"):
         result = run([sys.executable, EXAMPLE, "--backend", backend], MASTER_PORT=str(free_port()))
         assert result.returncode == 0, (f"over {backend}: exit {result.returncode}\n{result.stdout[-2000:]}\n"
-                                        f"{result.stderr[-3000:]}")
+                                        f"{result.stderr[:3000]}\n...\n{result.stderr[-3000:]}")
         # (the two ranks' lines may interleave in the shared pipe: pick them out one by one)
         losses[backend] = sorted(re.findall(r"rank \d+ step \d+ loss [-+.\deE]+?(?=rank|\n|$)",
                                             result.stdout))

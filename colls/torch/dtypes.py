@@ -81,6 +81,9 @@ BFLOAT16_OPS = {
 BFLOAT16_OPS[RedOpType.PREMUL_SUM] = BFLOAT16_OPS[RedOpType.SUM]
 
 
+_CHOSEN: dict = {}   # (RedOpType, torch dtype) -> the checked colls op, made on first use
+
+
 def colls_op(op: dist.ReduceOp, dtype: torch.dtype, rank: int, what: str) -> Op:
     """The colls op that does torch's `op` on tensors of `dtype`.
 
@@ -96,6 +99,10 @@ def colls_op(op: dist.ReduceOp, dtype: torch.dtype, rank: int, what: str) -> Op:
         TypeError: the op is not defined on the dtype (a bitwise op on floats, ...).
     """
     kind = getattr(op, "op", op)   # a ReduceOp object (what torch passes) or its RedOpType
+    try:
+        return _CHOSEN[kind, dtype]
+    except KeyError:
+        pass
     table = BFLOAT16_OPS if dtype == torch.bfloat16 else OPS
     chosen = table.get(kind)
     if chosen is None:
@@ -106,6 +113,7 @@ def colls_op(op: dist.ReduceOp, dtype: torch.dtype, rank: int, what: str) -> Op:
         except TypeError as error:
             raise TypeError(f"rank {rank}: {what}: ReduceOp.{kind.name} is not defined on {dtype} "
                             f"({error})") from None
+    _CHOSEN[kind, dtype] = chosen
     return chosen
 
 
@@ -158,11 +166,11 @@ def as_buffer(tensor: torch.Tensor, rank: int, what: str, name: str = "tensor") 
         raise InvalidArgument(f"rank {rank}: {what}: {name} is on {tensor.device}; the colls backend "
                               f"moves CPU tensors (use it as the cpu backend: 'cpu:colls,cuda:nccl')")
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
-    data = contiguous.detach()
+    data = contiguous.detach() if contiguous.requires_grad else contiguous
     if tensor.dtype == torch.bfloat16:
         array = data.view(torch.uint16).numpy()
     elif tensor.dtype in _NUMPY:
-        array = data.resolve_conj().resolve_neg().numpy()
+        array = data.numpy()
     else:
         movable = sorted(map(str, [*_NUMPY, torch.bfloat16]))
         raise InvalidArgument(f"rank {rank}: {what}: {name} has dtype {tensor.dtype}, which the colls "
