@@ -252,6 +252,14 @@ def copies(size: int, rank: int, gloo) -> None:
     for work in dist.batch_isend_irecv(operations):
         attempt("batch_isend_irecv", work.wait)
     check("batch_isend_irecv", received, data(left, 7, torch.bfloat16))
+    objects = [None] * size
+    attempt("all_gather_object", dist.all_gather_object, objects, {"rank": rank, "list": [rank] * rank})
+    if objects != [{"rank": peer, "list": [peer] * peer} for peer in range(size)]:
+        failures.append(f"all_gather_object: got {objects}")
+    listed = [f"from {rank}", rank] if rank == size - 1 else [None, None]
+    attempt("broadcast_object_list", dist.broadcast_object_list, listed, size - 1)
+    if listed != [f"from {size - 1}", size - 1]:
+        failures.append(f"broadcast_object_list: got {listed}")
 
 
 def asynchrony(size: int, rank: int, gloo) -> None:
