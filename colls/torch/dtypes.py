@@ -164,7 +164,8 @@ def as_buffer(tensor: torch.Tensor, rank: int, what: str, name: str = "tensor") 
                               f"got {type(tensor).__name__}")
     if tensor.device.type != "cpu":
         raise InvalidArgument(f"rank {rank}: {what}: {name} is on {tensor.device}; the colls backend "
-                              f"moves CPU tensors (use it as the cpu backend: 'cpu:colls,cuda:nccl')")
+                              f"moves CPU tensors (give GPU tensors a group of their own: "
+                              f"dist.new_group(backend='nccl'))")
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
     data = contiguous.detach() if contiguous.requires_grad else contiguous
     if tensor.dtype == torch.bfloat16:

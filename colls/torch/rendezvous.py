@@ -44,8 +44,8 @@ class StoreExchange:
 
 
 def transport_for(store: dist.Store, rank: int, size: int, global_ranks: list[int]) -> Transport:
-    """The transport of one group: shm (default) or cuda_ipc set up through `store`; mpi (under
-    mpiexec) over an MPI communicator of the group's ranks.
+    """The transport of one group: shm (default) set up through `store`; mpi (under mpiexec) over
+    an MPI communicator of the group's ranks; local for a group of one.
 
     Args:
         store: the group's store (torch prefixes it with the group's name).
@@ -59,7 +59,7 @@ def transport_for(store: dist.Store, rank: int, size: int, global_ranks: list[in
         InvalidArgument: COLLS_TRANSPORT names a transport a torch group cannot use here.
     """
     kind = config.get("COLLS_TRANSPORT") or "shm"
-    if kind in ("shm", "cuda_ipc"):
+    if kind == "shm":
         return _process_transport(kind)(rank, size, StoreExchange(store, rank, size))
     if kind == "mpi":
         from transports.mpi import MpiTransport, import_mpi
@@ -78,8 +78,8 @@ def transport_for(store: dist.Store, rank: int, size: int, global_ranks: list[in
         from transports.local import LocalWorld
 
         return LocalWorld(1).transport(0)
-    raise InvalidArgument(f"rank {rank}: COLLS_TRANSPORT={kind!r}: a torch process group runs over shm, "
-                          f"cuda_ipc or mpi (local ranks are threads of one process)")
+    raise InvalidArgument(f"rank {rank}: COLLS_TRANSPORT={kind!r}: a torch process group runs over shm "
+                          f"or mpi (local ranks are threads of one process; cuda_ipc moves cupy arrays)")
 
 
 def communicator(store: dist.Store, rank: int, size: int, timeout: timedelta, name: str,
