@@ -172,11 +172,14 @@ class Stream:
             return self._cond.wait_for(lambda: not self._queue, timeout)
 
     def close(self, timeout: float) -> None:
-        """Run what is queued (at most `timeout` seconds), then end the worker."""
+        """Run what is queued (at most `timeout` seconds), then end the worker and wait for it to
+        be gone, so that no call's objects are released on it while the interpreter exits."""
         self.drain(timeout)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
 
 def completed(outputs: list[Any]) -> CollsWork:
