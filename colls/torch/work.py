@@ -10,8 +10,10 @@ exception, which names the call and the peer colls waited for.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,6 +26,7 @@ from torch.futures import Future
 from transports.errors import CollectiveTimeout
 
 SLACK_S = 10.0   # what a `wait()` allows beyond the deadlines of the calls queued before its own
+EXIT_WAIT_S = 10.0   # how long interpreter exit lets a group's queued calls finish
 
 
 class CollsWork(dist.distributed_c10d.Work):
@@ -128,6 +131,7 @@ class Stream:
                 self._thread = threading.Thread(target=self._loop, name=f"colls-torch-{self.name}",
                                                 daemon=True)
                 self._thread.start()
+                _STARTED.add(self)
             self._cond.notify()
         return work
 
@@ -180,6 +184,20 @@ class Stream:
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+
+_STARTED: weakref.WeakSet[Stream] = weakref.WeakSet()   # streams whose worker was started
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """End every group's worker before the interpreter stops its threads (atexit runs first), also
+    where `destroy_process_group` was not called: a daemon worker still inside a torch call (a
+    future's callbacks, a tensor op: torch releases the GIL there) when Python finalizes is killed
+    as it takes the GIL back, and that unwind through torch's C++ aborts the process
+    ("terminate called without an active exception")."""
+    for stream in list(_STARTED):
+        stream.close(EXIT_WAIT_S)
 
 
 def completed(outputs: list[Any]) -> CollsWork:
