@@ -5,7 +5,7 @@ is a plain (buffer, peer) step, as in Gloo's `send to the inbox on the right`. I
 it moves into the call's `Traffic` (what `Communicator.stats()` reports), and it names the call in
 every timeout, so that a hang says "all_reduce #12 (ring, ...) on rank 3", not just a peer.
 
-Five verbs: `send`, `recv` and `recv_reduce` post a message and return its request; `wait` waits
+Six verbs: `send`, `recv` and `recv_reduce` post a message and return its request; `wait` waits
 for requests until the call's deadline; `exchange` is a sendrecv (either side may be None, and the
 buffer received into may be the one sent, in place), the step of most schedules, and
 `exchange_init` its persistent form, the step of a schedule compiled once per call signature.
@@ -66,7 +66,7 @@ class Channel:
         try:
             self.transport.wait_all(requests, self.deadline)
         except CollectiveTimeout as error:
-            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+            raise self._named(error) from None
 
     def exchange(self, send_buf: np.ndarray | None, dst: int | None, recv_buf: np.ndarray | None,
                  src: int | None, reducer: Reducer | None = None) -> None:
@@ -85,13 +85,14 @@ class Channel:
         try:
             self.transport.sendrecv(send_buf, dst, recv_buf, src, self.tag, self.deadline, reducer)
         except CollectiveTimeout as error:
-            raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+            raise self._named(error) from None
 
     def exchange_init(self, dtype: np.dtype, send_count: int, dst: int | None, recv_count: int,
                       src: int | None, reducer: Reducer | None = None) -> Callable[..., None]:
         """`exchange`'s persistent form, for a compiled schedule's step: counts and peers fixed
         once (`Transport.sendrecv_init`), then `step(send_buf, recv_buf)` in whatever call the
-        channel is pointed at (its tag, deadline and counters). A count of 0 is a side left out."""
+        channel is pointed at (its tag, deadline and counters). A step with an empty side is
+        `exchange` itself (nothing to set up)."""
         transport = self.transport
         if not send_count or not recv_count:   # (a send or a receive alone: nothing to set up)
             def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None) -> None:
@@ -110,8 +111,12 @@ class Channel:
             try:
                 moved(send_buf, recv_buf, self.tag, self.deadline)
             except CollectiveTimeout as error:
-                raise CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers) from None
+                raise self._named(error) from None
         return step
+
+    def _named(self, error: CollectiveTimeout) -> CollectiveTimeout:
+        """A transport's timeout, naming this call and rank."""
+        return CollectiveTimeout(f"{self.what} on rank {self.rank}: {error}", error.peers)
 
     def _count_received(self, nbytes: int, peer: int) -> None:
         traffic = self.traffic
