@@ -1,19 +1,32 @@
 """How bytes move between ranks: one small interface (`base`), several transports behind it."""
 
-from .base import COLLECTIVE_TAG_BASE, Capabilities, Exchange, Reducer, Request, Traffic, Transport
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    COLLECTIVE_TAG_BASE,
+    Capabilities,
+    Envelope,
+    Exchange,
+    Reducer,
+    Request,
+    Traffic,
+    Transport,
+)
 from .errors import (
     CollectiveMismatch,
     CollectiveTimeout,
     CollsError,
     CommunicatorAborted,
     InvalidArgument,
+    MessageTruncated,
     PeerLost,
     TransportError,
 )
 
 __all__ = [
-    "COLLECTIVE_TAG_BASE", "Capabilities", "Exchange", "Reducer", "Request", "Traffic", "Transport",
+    "ANY_SOURCE", "ANY_TAG", "COLLECTIVE_TAG_BASE", "Capabilities", "Envelope",
+    "Exchange", "Reducer", "Request", "Traffic", "Transport",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
-    "PeerLost",
+    "MessageTruncated", "PeerLost",
     "TransportError",
 ]

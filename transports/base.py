@@ -41,12 +41,23 @@ Exchange = Callable[[bytes], list[bytes]]
 
 # Tags at or above this value belong to collectives; below it, to the user's point-to-point tags.
 COLLECTIVE_TAG_BASE = 1 << 32
+# A receive from any rank, or with any point-to-point tag (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG, with
+# MPICH's values); only for point-to-point tags: ANY_TAG never matches a collective's message.
+ANY_SOURCE = -2
+ANY_TAG = -1
 
 
 class Request:
-    """One posted send or receive; `done` turns true when it has completed."""
+    """One posted send or receive; `done` turns true when it has completed.
 
-    __slots__ = ("kind", "peer", "tag", "nbytes", "done")
+    A completed receive tells what arrived (MPI's status): `source` and `received_tag` (the
+    sender's, where the receive named ANY_SOURCE or ANY_TAG) and `count`, the bytes received (fewer
+    than `nbytes`, the buffer's size, for a shorter point-to-point message). `error`, if not None, is
+    the exception `wait_all` raises for this request on the rank that posted it (a message longer
+    than the buffer: `MessageTruncated`); the message was consumed, so the transport stays usable.
+    """
+
+    __slots__ = ("kind", "peer", "tag", "nbytes", "done", "source", "received_tag", "count", "error")
 
     def __init__(self, kind: str, peer: int, tag: int, nbytes: int) -> None:
         self.kind = kind
@@ -54,10 +65,30 @@ class Request:
         self.tag = tag
         self.nbytes = nbytes
         self.done = False
+        self.source = peer
+        self.received_tag = tag
+        self.count = nbytes
+        self.error: Exception | None = None
 
     def __repr__(self) -> str:
         direction = "to" if self.kind == "send" else "from"
         return f"{self.kind} of {self.nbytes} B {direction} rank {self.peer} (tag {self.tag})"
+
+
+class Envelope:
+    """A point-to-point message found by `iprobe` or claimed by `improbe`, not yet received: who sent
+    it, its tag and its size; `handle` is the transport's own (a claimed message's place)."""
+
+    __slots__ = ("source", "tag", "nbytes", "handle")
+
+    def __init__(self, source: int, tag: int, nbytes: int, handle: object = None) -> None:
+        self.source = source
+        self.tag = tag
+        self.nbytes = nbytes
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"message of {self.nbytes} B from rank {self.source} (tag {self.tag})"
 
 
 @dataclass(frozen=True)
@@ -164,6 +195,25 @@ class Transport(ABC):
         def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None, tag: int, deadline: float) -> None:
             sendrecv(send_buf, dst, recv_buf, src, tag, deadline, reducer)
         return step
+
+    def iprobe(self, peer: int, tag: int) -> Envelope | None:
+        """The message a receive from `peer` with `tag` (either may be a wildcard) would match now,
+        left in place for it; None if there is none yet. Drives progress once (MPI_Iprobe).
+
+        Raises:
+            NotImplementedError: the transport does not probe (only local, shm and mpi do).
+        """
+        raise NotImplementedError(f"the {self.name} transport cannot probe for messages")
+
+    def improbe(self, peer: int, tag: int) -> Envelope | None:
+        """As `iprobe`, but the message is claimed: no receive matches it but `mrecv` of the returned
+        envelope (MPI_Improbe)."""
+        raise NotImplementedError(f"the {self.name} transport cannot probe for messages")
+
+    def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:
+        """Post the receive of a message `improbe` claimed into `buf` (MPI_Imrecv); the size rules
+        of `irecv` apply."""
+        raise NotImplementedError(f"the {self.name} transport cannot probe for messages")
 
     @abstractmethod
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:

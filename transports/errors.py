@@ -35,6 +35,14 @@ class CollectiveMismatch(CollsError):
     """Ranks called different collectives, or the same one with different counts, dtypes or roots."""
 
 
+class MessageTruncated(CollsError):
+    """A point-to-point message was longer than the buffer of the receive it matched (MPI_ERR_TRUNCATE).
+
+    Raised on the receiving rank only, by the wait for that receive; the message was consumed whole,
+    so later calls on the communicator are not affected.
+    """
+
+
 class TransportError(CollsError):
     """A transport could not be set up or used (no room in /dev/shm, MPI missing, bad segment)."""
 
