@@ -133,6 +133,11 @@ class Message:
     counts: tuple[int, ...] = ()
     displs: tuple[int, ...] = ()
 
+    def received(self) -> None:
+        """Call once a receive into `data()` has completed: a no-op for a contiguous buffer (the
+        bytes landed in the caller's memory); where the message's datatype is not contiguous, this
+        is where the landing buffer is unpacked into it."""
+
     def span(self, start: int, count: int) -> np.ndarray:
         """Bytes of `count` elements from element `start`, checked against the buffer's end."""
         extent = self.datatype.extent
