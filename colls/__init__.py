@@ -7,12 +7,14 @@
 
 from algorithms import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Op
 from algorithms import names as _names
+from transports.base import ANY_SOURCE, ANY_TAG, Envelope
 from transports.errors import (
     CollectiveMismatch,
     CollectiveTimeout,
     CollsError,
     CommunicatorAborted,
     InvalidArgument,
+    MessageTruncated,
     PeerLost,
     TransportError,
 )
@@ -36,7 +38,7 @@ def algorithms(collective: str) -> list[str]:
 __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
-    "PeerLost",
+    "PeerLost", "MessageTruncated", "ANY_SOURCE", "ANY_TAG", "Envelope",
     "TransportError", "Communicator", "Persistent", "Work", "SpawnError", "algorithms", "alloc", "explain",
     "init", "spawn",
 ]
