@@ -27,6 +27,7 @@ from .describe import CACHED_SIGNATURES, CallName, Description, Validator, fixed
 from .device import is_cupy
 from .executor import Executor, RequestWork
 from .hierarchy import Layout, Levels, build_levels, discover
+from .objects import ObjectCollectives
 from .selection import Selector
 from .trace import Tracer
 
@@ -41,7 +42,7 @@ def default_timeout() -> float:
     return given
 
 
-class Communicator(Collectives):
+class Communicator(Collectives, ObjectCollectives):
     """A group of `size` ranks; this object is rank `rank`'s end of it."""
 
     def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world",
