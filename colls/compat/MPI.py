@@ -27,6 +27,7 @@ from .comm import (
 )
 from .comm import MPIException as Exception  # noqa: A004 - mpi4py's name
 from .datatypes import UNDEFINED, Datatype
+from .objects import ERR_ROOT, Pickle, _comm_lock_table, pickle
 from .ops import (
     BAND,
     BOR,
@@ -45,7 +46,20 @@ from .ops import (
     SUM,
     Op,
 )
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Request, Status
+from .p2p import BSEND_OVERHEAD, Attach_buffer, Detach_buffer
+from .request import (
+    ANY_SOURCE,
+    ANY_TAG,
+    MESSAGE_NO_PROC,
+    MESSAGE_NULL,
+    PROC_NULL,
+    REQUEST_NULL,
+    SUCCESS,
+    Message,
+    Prequest,
+    Request,
+    Status,
+)
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
 INT_INT = _datatypes.PREDEFINED["TWOINT"]
@@ -190,10 +204,6 @@ class Info(_Unsupported, feature="MPI.Info objects"):
     """Not supported: info objects."""
 
 
-class Prequest(_Unsupported, feature="persistent requests (MPI.Prequest)"):
-    """Not supported: persistent requests."""
-
-
 class Grequest(_Unsupported, feature="generalized requests (MPI.Grequest)"):
     """Not supported: generalized requests."""
 
@@ -207,4 +217,6 @@ __all__ = [
     "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "OP_NULL", "Op", "PROC_NULL", "PROD", "REPLACE",
     "REQUEST_NULL", "Request", "SIMILAR", "SUCCESS", "SUM", "Status", "UNDEFINED", "UNEQUAL",
     *_datatypes.PREDEFINED,
+    "BSEND_OVERHEAD", "ERR_ROOT", "MESSAGE_NO_PROC", "MESSAGE_NULL", "Attach_buffer", "Detach_buffer",
+    "Message", "Pickle", "Prequest", "_comm_lock_table", "pickle",
 ]

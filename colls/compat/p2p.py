@@ -1,9 +1,33 @@
-"""Point-to-point calls of `MPI.Comm`: `Send`/`Recv` and their forms, over a colls `Communicator`."""
+"""Point-to-point calls of `MPI.Comm` over a colls `Communicator`: `Send`/`Recv` and their forms,
+probes, matched probes, persistent requests, and (from `objects`) the lowercase object methods.
+
+MPI's rules hold as the transports implement them: `MPI.ANY_SOURCE`/`MPI.ANY_TAG` receives, a
+receive buffer larger than the message (the status says how much came), MPI.PROC_NULL as a peer
+that completes at once with nothing. `Bsend`, `Ssend` and `Rsend` are sends (colls buffers every
+message it cannot deliver at once, so a buffered send needs no attached buffer).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .buffers import simple
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
+from .objects import ObjectMethods
+from .request import ANY_SOURCE, ANY_TAG, MESSAGE_NO_PROC, PROC_NULL, Message, Prequest, Request, Status
+
+BSEND_OVERHEAD = 96   # bytes a buffered send reserves per message in MPICH (colls reserves none)
+_attached: list[Any] = [None]
+
+
+def Attach_buffer(buf: Any) -> None:   # noqa: N802 - mpi4py's name
+    """Record the buffer for buffered sends (colls' sends buffer on their own; it stays unused)."""
+    _attached[0] = buf
+
+
+def Detach_buffer() -> Any:   # noqa: N802 - mpi4py's name
+    """Give back the buffer `Attach_buffer` recorded (None if none)."""
+    buf, _attached[0] = _attached[0], None
+    return buf
 
 
 def _unsupported(feature: str):
@@ -13,78 +37,171 @@ def _unsupported(feature: str):
     return method
 
 
-class PointToPoint:
+def _fields(work: Any, source: int, tag: int, nbytes: int) -> tuple[int, int, int]:
+    """(source, tag, bytes) of a completed receive: its envelope where the communicator gives one."""
+    envelope = getattr(work, "status", None)
+    if envelope is None:
+        return source, tag, nbytes
+    return envelope.source, envelope.tag, envelope.nbytes
+
+
+class _Both:
+    """A send and a receive (Isendrecv): complete when both are; the status is the receive's."""
+
+    def __init__(self, send: Request, receive: Request) -> None:
+        self.send, self.receive = send, receive
+
+    def poll(self) -> bool:
+        return self.send.Get_status() and self.receive.Get_status()
+
+    def wait(self) -> None:
+        self.send.Wait()
+        self.receive.Wait()
+
+    def fields(self) -> tuple[int, int, int]:
+        status = Status()
+        self.receive._fill(status)
+        return status.source, status.tag, status.count
+
+
+class PointToPoint(ObjectMethods):
     """The point-to-point methods of `Comm` (a mixin: `self._comm` is the colls `Communicator`)."""
 
-    def _peer(self, rank: int, what: str) -> int:
-        if rank == ANY_SOURCE:
-            raise NotImplementedError(f"{what} from MPI.ANY_SOURCE is not supported by the colls mpi4py "
-                                      "facade: name the source rank")
-        return int(rank)
-
-    def _tag(self, tag: int, what: str) -> int:
-        if tag == ANY_TAG:
-            raise NotImplementedError(f"{what} with MPI.ANY_TAG is not supported by the colls mpi4py "
-                                      "facade: pass the tag the sender used")
-        return int(tag)
-
-    def _isend(self, buf, dest: int, tag: int) -> Request:
+    def _isend(self, buf: Any, dest: int, tag: int) -> Request:
         if dest == PROC_NULL:
-            return Request()
+            return Request(None)
         data = simple(buf, writable=False).data()
-        return Request(self._comm.send(data, int(dest), self._tag(tag, "Send"), async_op=True))
+        return Request(self._comm.send(data, int(dest), int(tag), async_op=True))
 
-    def _irecv(self, buf, source: int, tag: int) -> Request:
+    def _irecv(self, buf: Any, source: int, tag: int) -> Request:
         if source == PROC_NULL:
-            return Request(status_fields=(PROC_NULL, ANY_TAG, 0))
-        source, tag = self._peer(source, "Recv"), self._tag(tag, "Recv")
-        data = simple(buf, writable=True).data()
-        return Request(self._comm.recv(data, source, tag, async_op=True),
-                       status_fields=(source, tag, data.nbytes))
+            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0))
+        message = simple(buf, writable=True)
+        data = message.data()
+        work = self._comm.recv(data, int(source), int(tag), async_op=True)
+        return Request(work, lambda _: message.received(),
+                       lambda: _fields(work, int(source), int(tag), data.nbytes))
 
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
-        """Send a buffer to `dest`; the receive must name this rank, the tag, and the same byte size."""
+    def _mrecv_buffer(self, buf: Any, envelope: Any) -> Request:
+        message = simple(buf, writable=True)
+        work = self._comm.mrecv(message.data(), envelope, async_op=True)
+        return Request(work, lambda _: message.received(),
+                       lambda: _fields(work, envelope.source, envelope.tag, envelope.nbytes))
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Send a buffer to `dest` with `tag`."""
         self._isend(buf, dest, tag).Wait()
 
     Ssend = Bsend = Rsend = Send
 
-    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Receive into a buffer from `source` with `tag` (both explicit: no wildcards)."""
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> None:
+        """Receive into a buffer from `source` with `tag` (wildcards allowed; the buffer may be
+        larger than the message: `status` says how much came)."""
         self._irecv(buf, source, tag).Wait(status)
 
-    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Nonblocking Send."""
         return self._isend(buf, dest, tag)
 
     Issend = Ibsend = Irsend = Isend
 
-    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Nonblocking Recv."""
         return self._irecv(buf, source, tag)
 
-    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = ANY_SOURCE,
-                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
-        """Send to `dest` and receive from `source`, both posted before either is waited for."""
+    def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking Sendrecv: one request for both; its status is the receive's."""
         receive = self._irecv(recvbuf, source, recvtag)
-        send = self._isend(sendbuf, dest, sendtag)
-        Request.Waitall([send, receive])
-        receive.Wait(status)
+        both = _Both(self._isend(sendbuf, dest, sendtag), receive)
+        return Request(both, status_fields=both.fields)
 
-    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        """Send to `dest` and receive from `source`, both posted before either is waited for."""
+        self.Isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag).Wait(status)
+
+    def _replace(self, buf: Any) -> list[Any]:
+        outgoing = simple(buf, writable=True)
+        return [outgoing.data().copy(), outgoing.datatype]
+
+    def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
+                          recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking Sendrecv_replace."""
+        return self.Isendrecv(self._replace(buf), dest, sendtag, buf, source, recvtag)
+
+    def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status: Status | None = None) -> None:
         """Sendrecv with one buffer: its contents are sent, then replaced by what arrives."""
-        outgoing = simple(buf, writable=True)
-        self.Sendrecv([outgoing.data().copy(), outgoing.datatype], dest, sendtag, buf, source, recvtag,
-                      status)
+        self.Isendrecv_replace(buf, dest, sendtag, source, recvtag).Wait(status)
 
-    Probe = Iprobe = Mprobe = Improbe = _unsupported("probing for messages (Probe, Iprobe, Mprobe)")
-    Send_init = Recv_init = _unsupported("persistent requests (Send_init, Recv_init)")
-    Psend_init = Precv_init = _unsupported("partitioned communication")
+    # -- probes ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def _found(envelope: Any, status: Status | None) -> None:
+        if status is not None:
+            status._fill(envelope.source, envelope.tag, envelope.nbytes)
 
-# mpi4py's pickle-based lowercase methods: not offered (they would unpickle whatever a peer sends).
-for _name in ("send", "recv", "isend", "irecv", "sendrecv", "ssend", "issend", "bsend", "ibsend",
-              "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce", "scan",
-              "exscan", "barrier", "probe", "iprobe", "mprobe", "improbe"):
-    setattr(PointToPoint, _name, _unsupported(f"the pickle-based lowercase method Comm.{_name} (use the "
-                                      f"uppercase buffer methods, e.g. Comm.{_name.capitalize()})"))
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Block until a message from `source` with `tag` can be received (within the deadline)."""
+        if source == PROC_NULL:
+            if status is not None:
+                status._fill(PROC_NULL, ANY_TAG, 0)
+            return True
+        self._found(self._comm.probe(int(source), int(tag)), status)
+        return True
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Whether a message from `source` with `tag` can be received now (`status` says which)."""
+        if source == PROC_NULL:
+            return self.Probe(source, tag, status)
+        envelope = self._comm.iprobe(int(source), int(tag))
+        if envelope is None:
+            return False
+        self._found(envelope, status)
+        return True
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+        """Claim the next message from `source` with `tag`: only the returned Message receives it."""
+        if source == PROC_NULL:
+            self.Probe(source, tag, status)
+            return MESSAGE_NO_PROC
+        envelope = self._comm.mprobe(int(source), int(tag))
+        self._found(envelope, status)
+        return Message(self, envelope)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        """As `Mprobe`, without blocking: None if no message is there yet."""
+        if source == PROC_NULL:
+            return self.Mprobe(source, tag, status)
+        envelope = self._comm.improbe(int(source), int(tag))
+        if envelope is None:
+            return None
+        self._found(envelope, status)
+        return Message(self, envelope)
+
+    # -- persistent requests ---------------------------------------------------------------------
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send: each `Start` sends the buffer's contents at that time."""
+        return Prequest(lambda: self._isend(buf, dest, tag))
+
+    Bsend_init = Ssend_init = Rsend_init = Send_init
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        """A persistent receive: each `Start` posts the receive again."""
+        return Prequest(lambda: self._irecv(buf, source, tag))
+
+    Psend_init = Precv_init = _unsupported("partitioned communication (Psend_init, Precv_init)")
+
+    # -- buffered sends ----------------------------------------------------------------------------
+
+    def Attach_buffer(self, buf: Any) -> None:
+        """As MPI.Attach_buffer (the buffer stays unused)."""
+        Attach_buffer(buf)
+
+    def Detach_buffer(self) -> Any:
+        """As MPI.Detach_buffer."""
+        return Detach_buffer()

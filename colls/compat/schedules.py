@@ -196,29 +196,29 @@ class ScheduledCollectives:
     def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
         """Nonblocking Gatherv (completes before it returns)."""
         self.Gatherv(sendbuf, recvbuf, root)
-        return Request()
+        return Request(None)   # done at once: active until waited for
 
     def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
         """Nonblocking Scatterv (completes before it returns)."""
         self.Scatterv(sendbuf, recvbuf, root)
-        return Request()
+        return Request(None)   # done at once: active until waited for
 
     def Ialltoallv(self, sendbuf, recvbuf) -> Request:
         """Nonblocking Alltoallv (completes before it returns)."""
         self.Alltoallv(sendbuf, recvbuf)
-        return Request()
+        return Request(None)   # done at once: active until waited for
 
     def Ialltoallw(self, sendbuf, recvbuf) -> Request:
         """Nonblocking Alltoallw (completes before it returns)."""
         self.Alltoallw(sendbuf, recvbuf)
-        return Request()
+        return Request(None)   # done at once: active until waited for
 
     def Iscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
         """Nonblocking Scan (completes before it returns)."""
         self.Scan(sendbuf, recvbuf, op)
-        return Request()
+        return Request(None)   # done at once: active until waited for
 
     def Iexscan(self, sendbuf, recvbuf, op: Op = SUM) -> Request:
         """Nonblocking Exscan (completes before it returns)."""
         self.Exscan(sendbuf, recvbuf, op)
-        return Request()
+        return Request(None)   # done at once: active until waited for

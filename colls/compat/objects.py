@@ -1,0 +1,391 @@
+"""mpi4py's lowercase, pickle-based methods of `MPI.Comm`, and `MPI.pickle`.
+
+Point to point, an object travels as one message holding its pickle (what mpi4py sends, so an
+`Isend` of a pickle is received by `recv` and the other way round); an object holding large buffers
+(numpy arrays) is pickled with protocol 5 and travels as a header message (a marker, the buffers'
+sizes, the pickle) followed by each buffer as a message of its own to the same destination and tag,
+all posted under one lock so two sends' parts never interleave. The receiver claims the header with
+`mprobe` (so the message's size needs no guess), then receives the buffers from that source and tag
+into memory the unpickled arrays then use. The collectives are colls' own object collectives
+(`colls.objects`) with `MPI.pickle` as the pickler.
+
+Unpickling runs code named by the sender, as in mpi4py: use among ranks you trust.
+"""
+
+from __future__ import annotations
+
+import operator
+import pickle as _stdlib
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from colls.objects import as_bytes
+
+from . import ops
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Message, Request, Status
+
+MARKER = b"\x00\x00colls:pickle5+buffers\x00"   # starts a header: no pickle or empty message does
+_SIZE = np.dtype("<u8")
+
+
+class Pickle:
+    """How the lowercase methods turn objects into bytes (mpi4py's `MPI.Pickle`).
+
+    Args:
+        dumps: `dumps(obj, protocol)` -> bytes (default `pickle.dumps`).
+        loads: `loads(data)` -> object (default `pickle.loads`).
+        protocol: the protocol passed to `dumps` (default: the highest, for `pickle.dumps`).
+        threshold: buffers of at least this many bytes travel out of band (default 256 KiB).
+    """
+
+    def __init__(self, dumps: Callable[..., bytes] | None = None, loads: Callable[..., Any] | None = None,
+                 protocol: int | None = None, threshold: int | None = None) -> None:
+        self._dumps = _stdlib.dumps if dumps is None else dumps
+        self._loads = _stdlib.loads if loads is None else loads
+        self.PROTOCOL = protocol
+        self.THRESHOLD = threshold
+
+    @property
+    def PROTOCOL(self) -> int | None:   # noqa: N802 - mpi4py's name
+        """The pickle protocol (None: the `dumps` function's default)."""
+        return self._protocol
+
+    @PROTOCOL.setter
+    def PROTOCOL(self, protocol: int | None) -> None:   # noqa: N802
+        if protocol is None and self._dumps is _stdlib.dumps:
+            protocol = _stdlib.HIGHEST_PROTOCOL
+        self._protocol = protocol
+
+    @property
+    def THRESHOLD(self) -> int:   # noqa: N802 - mpi4py's name
+        """Buffers of at least this many bytes travel out of band."""
+        return self._threshold
+
+    @THRESHOLD.setter
+    def THRESHOLD(self, threshold: int | None) -> None:   # noqa: N802
+        self._threshold = (1 << 18) if threshold is None else int(threshold)
+
+    def dumps(self, obj: Any) -> bytes:
+        """Serialize `obj` to one pickle stream."""
+        return self._dumps(obj) if self._protocol is None else self._dumps(obj, self._protocol)
+
+    def loads(self, data: Any) -> Any:
+        """The object of a pickle stream."""
+        return self._loads(data)
+
+    def dumps_oob(self, obj: Any) -> tuple[bytes, list[Any]]:
+        """(pickle stream, out-of-band buffers): protocol 5 where `dumps` is the standard library's;
+        a custom `dumps` gives its stream and no buffers."""
+        if self._dumps is not _stdlib.dumps:
+            return self.dumps(obj), []
+        buffers: list[Any] = []
+        threshold = self._threshold
+
+        def out_of_band(buffer: _stdlib.PickleBuffer) -> bool:
+            if buffer.raw().nbytes < threshold:
+                return True
+            buffers.append(buffer)
+            return False
+        return _stdlib.dumps(obj, max(self._protocol or 5, 5), buffer_callback=out_of_band), buffers
+
+    def loads_oob(self, data: Any, buffers: Sequence[Any]) -> Any:
+        """The object of a pickle stream and its out-of-band buffers."""
+        return self._loads(data, buffers=buffers)
+
+
+pickle = Pickle()
+
+
+# -- locks per communicator (mpi4py's MPI._comm_lock_table) --------------------------------------
+
+_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tables_lock = threading.Lock()
+
+
+def _comm_lock_table(comm: Any) -> dict[str, Any]:
+    """The locks the lowercase methods of `comm` take, by method name (created on first use)."""
+    with _tables_lock:
+        return _tables.setdefault(comm._comm, {})
+
+
+def _lock(comm: Any, name: str) -> Any:
+    table = _comm_lock_table(comm)
+    with _tables_lock:
+        return table.setdefault(name, threading.Lock())
+
+
+# -- frames ------------------------------------------------------------------------------------
+
+def frames(obj: Any) -> list[np.ndarray]:
+    """The messages that carry `obj`: its pickle, or a header and its out-of-band buffers."""
+    data, buffers = pickle.dumps_oob(obj)
+    if not buffers:
+        return [as_bytes(data)]
+    parts = [as_bytes(buffer) for buffer in buffers]
+    sizes = np.array([len(parts), *(part.size for part in parts)], _SIZE)
+    header = np.concatenate([np.frombuffer(MARKER, np.uint8), sizes.view(np.uint8), as_bytes(data)])
+    return [header, *parts]
+
+
+def _split_header(header: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
+    """(pickle, buffer sizes) of a header message; None for a plain pickle."""
+    start = len(MARKER)
+    if header.size < start + _SIZE.itemsize or header[:start].tobytes() != MARKER:
+        return None
+    count = int(header[start:start + _SIZE.itemsize].view(_SIZE)[0])
+    end = start + (count + 1) * _SIZE.itemsize
+    sizes = header[start + _SIZE.itemsize:end].view(_SIZE).tolist()
+    return header[end:], sizes
+
+
+class _ObjectReceive:
+    """An object receive (`irecv`, `Message.irecv`): claims the first frame by probing, then receives
+    the rest; `poll()` tries once, `wait()` blocks within the communicator's deadline."""
+
+    def __init__(self, comm: Any, source: int, tag: int, envelope: Any = None) -> None:
+        self._comm = comm
+        self._source, self._tag = source, tag
+        self._envelope = envelope
+        self._done = False
+        self._object: Any = None
+        self.fields = (source, tag, 0)
+
+    def poll(self) -> bool:
+        if not self._done:
+            if self._envelope is None:
+                self._envelope = self._comm._comm.improbe(self._source, self._tag)
+                if self._envelope is None:
+                    return False
+            self._finish()
+        return True
+
+    def wait(self) -> Any:
+        if not self._done:
+            if self._envelope is None:
+                self._envelope = self._comm._comm.mprobe(self._source, self._tag)
+            self._finish()
+        return self._object
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def _finish(self) -> None:
+        envelope, colls_comm = self._envelope, self._comm._comm
+        first = np.empty(envelope.nbytes, np.uint8)
+        colls_comm.mrecv(first, envelope)
+        total = envelope.nbytes
+        split = _split_header(first)
+        if split is None:
+            self._object = pickle.loads(first) if first.size else None
+        else:
+            data, sizes = split
+            parts = [np.empty(size, np.uint8) for size in sizes]
+            works = [colls_comm.recv(part, envelope.source, envelope.tag, async_op=True) for part in parts]
+            for work in works:
+                work.wait()
+            total += sum(sizes)
+            self._object = pickle.loads_oob(data, parts)
+        self.fields = (envelope.source, envelope.tag, total)
+        self._done = True
+
+
+class _Sends:
+    """The sends of one object's frames: complete when all are."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = works
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def poll(self) -> bool:
+        return all([Request(work)._poll() for work in self._works])
+
+    def wait(self) -> None:
+        for work in self._works:
+            work.wait()
+
+
+def _fold(op: Any, values: Sequence[Any]) -> Any:
+    """values[0] op values[1] op ... in rank order, with the Python meaning mpi4py gives objects."""
+    combine = _PYTHON_OPS.get(id(op))
+    if combine is None:
+        combine = op if callable(op) else None
+    if combine is None:
+        raise TypeError(f"reduction: expecting an MPI.Op or a callable, got {op!r}")
+    result = values[0]
+    for value in values[1:]:
+        result = combine(result, value)
+    return result
+
+
+def _maxloc(x: Any, y: Any) -> Any:
+    (u, i), (v, j) = x, y
+    return (u, i) if u > v else (v, j) if v > u else (u, min(i, j))
+
+
+def _minloc(x: Any, y: Any) -> Any:
+    (u, i), (v, j) = x, y
+    return (u, i) if u < v else (v, j) if v < u else (u, min(i, j))
+
+
+_PYTHON_OPS: dict[int, Callable[[Any, Any], Any]] = {
+    id(ops.SUM): operator.add, id(ops.PROD): operator.mul, id(ops.MAX): max, id(ops.MIN): min,
+    id(ops.LAND): lambda x, y: x and y, id(ops.LOR): lambda x, y: x or y,
+    id(ops.LXOR): lambda x, y: bool(x) != bool(y), id(ops.BAND): operator.and_,
+    id(ops.BOR): operator.or_, id(ops.BXOR): operator.xor, id(ops.MAXLOC): _maxloc,
+    id(ops.MINLOC): _minloc, id(ops.REPLACE): lambda x, y: y, id(ops.NO_OP): lambda x, y: x,
+}
+
+
+class ObjectMethods:
+    """The lowercase methods of `Comm` (a mixin: `self._comm` is the colls `Communicator`)."""
+
+    # -- point to point ----------------------------------------------------------------------------
+
+    def _post_object(self, obj: Any, dest: int, tag: int) -> Request:
+        if dest == PROC_NULL:
+            return Request(None)
+        dest, tag = int(dest), int(tag)
+        parts = frames(obj)
+        comm = self._comm
+        with _lock(self, "send"):   # one object's frames are consecutive at (dest, tag)
+            works = [comm.send(part, dest, tag, async_op=True) for part in parts]
+        return Request(works[0] if len(works) == 1 else _Sends(works))
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send a picklable object to `dest` (blocking until its buffers may be reused)."""
+        self._post_object(obj, dest, tag).Wait()
+
+    bsend = ssend = send
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Nonblocking send of an object."""
+        return self._post_object(obj, dest, tag)
+
+    ibsend = issend = isend
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None) -> Any:
+        """Receive an object from `source` with `tag` (wildcards allowed); MPI.PROC_NULL gives None.
+
+        `buf` is deprecated (mpi4py warns too) and not needed: the message's size is probed.
+        """
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
+        return self.irecv(None, source, tag).wait(status)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Nonblocking receive of an object: the request's `wait()` returns it."""
+        if source == PROC_NULL:
+            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
+        receive = _ObjectReceive(self, int(source), int(tag))
+        return Request(receive, status_fields=lambda: receive.fields, returns_object=True)
+
+    def _mrecv_object(self, envelope: Any) -> Request:
+        receive = _ObjectReceive(self, envelope.source, envelope.tag, envelope)
+        return Request(receive, status_fields=lambda: receive.fields, returns_object=True)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
+        """Send `sendobj` to `dest` and receive an object from `source`; returns the one received."""
+        send = self._post_object(sendobj, dest, sendtag)
+        received = self.irecv(None, source, recvtag).wait(status)
+        send.Wait()
+        return received
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Block until a message from `source` with `tag` can be received; True."""
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Whether a message from `source` with `tag` can be received now."""
+        return self.Iprobe(source, tag, status)
+
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+        """Claim the next message from `source` with `tag`; its `recv()` gives the object."""
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None) -> Message | None:
+        """As `mprobe`, without blocking: None if no message is there yet."""
+        return self.Improbe(source, tag, status)
+
+    # -- collectives -------------------------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Wait until every rank has entered the barrier."""
+        self._comm.barrier()
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """The root's object on every rank."""
+        with _lock(self, "bcast"):
+            return self._comm.broadcast_object(obj, self._root(root), pickler=pickle)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's object, in rank order, on the root (None elsewhere)."""
+        with _lock(self, "gather"):
+            return self._comm.gather_object(sendobj, self._root(root), pickler=pickle)
+
+    def scatter(self, sendobj: Sequence[Any] | None, root: int = 0) -> Any:
+        """Item i of the root's sequence on rank i."""
+        with _lock(self, "scatter"):
+            return self._comm.scatter_object(sendobj, self._root(root), pickler=pickle)
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+        with _lock(self, "allgather"):
+            return self._comm.all_gather_object(sendobj, pickler=pickle)
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        """Item i of every rank's sequence to rank i."""
+        with _lock(self, "alltoall"):
+            return self._comm.all_to_all_object(sendobj, pickler=pickle)
+
+    def reduce(self, sendobj: Any, op: Any = ops.SUM, root: int = 0) -> Any:
+        """The objects of every rank combined by `op` in rank order, on the root (None elsewhere)."""
+        values = self.gather(sendobj, root)
+        return None if values is None else _fold(op, values)
+
+    def allreduce(self, sendobj: Any, op: Any = ops.SUM) -> Any:
+        """The objects of every rank combined by `op` in rank order, on every rank."""
+        return _fold(op, self.allgather(sendobj))
+
+    def scan(self, sendobj: Any, op: Any = ops.SUM) -> Any:
+        """Rank i gets the objects of ranks 0..i combined by `op`."""
+        return _fold(op, self.allgather(sendobj)[:self._comm.rank + 1])
+
+    def exscan(self, sendobj: Any, op: Any = ops.SUM) -> Any:
+        """Rank i gets the objects of ranks 0..i-1 combined by `op` (None on rank 0)."""
+        values = self.allgather(sendobj)[:self._comm.rank]
+        return _fold(op, values) if values else None
+
+    def _root(self, root: int) -> int:
+        size = self._comm.size
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+            raise _root_error(root, size)
+        return int(root)
+
+
+def _root_error(root: object, size: int) -> Exception:
+    from .comm import MPIException
+
+    class RootError(MPIException):
+        """MPI_ERR_ROOT, with mpi4py's accessors of the error class."""
+
+        error_code = ERR_ROOT
+
+        def Get_error_code(self) -> int:   # noqa: N802 - mpi4py's name
+            return ERR_ROOT
+
+        Get_error_class = Get_error_code
+
+    return RootError(f"MPI_ERR_ROOT: invalid root {root!r} for a communicator of {size} ranks")
+
+
+ERR_ROOT = 7   # MPICH's MPI_ERR_ROOT
