@@ -73,7 +73,8 @@ class DirectPath:
         by address, the step gets views of the slots they pass through, made once: a call writes
         its message into the next slot to `dst` and takes `src`'s out of the slot it lands in, with
         no view made and no check (the compiled schedule checked the buffers). What it cannot do so
-        (a busy FIFO, a late peer, another message first) goes the general way."""
+        (a busy FIFO, a late peer, another message first, a pending ANY_SOURCE receive) goes the
+        general way. An attempt holds the transport's lock."""
         general = super().sendrecv_init(dtype, send_count, dst, recv_count, src, reducer)
         sent, received = send_count * dtype.itemsize, recv_count * dtype.itemsize
         limit = min(self.chunk + 1, self.rendezvous_bytes, self.exchange_huge_bytes, PUSH_FROM_BYTES,
@@ -86,41 +87,51 @@ class DirectPath:
         incoming = [np.frombuffer(inbound.raw, dtype, recv_count, slot * chunk) for slot in range(slots)]
         out_ctl, out_hdr, in_ctl, in_hdr = outbound.ctl, outbound.hdr, inbound.ctl, inbound.hdr
         sends, posted, stashed, current = self.sends[dst], self.posted[src], self.stashed[src], self.current
-        sent_head, read_tail, landed = self.sent_head, self.read_tail, self._landed
+        sent_head, read_tail, landed, wild = self.sent_head, self.read_tail, self._landed, self.wild
+        lock, exchange_receive, wait_all = self.lock, self._exchange_receive, self.wait_all
 
         def step(send_buf: np.ndarray | None, recv_buf: np.ndarray | None, tag: int, deadline: float) -> None:
-            head = sent_head[dst]
-            if (send_buf is None or recv_buf is None or sends or posted or stashed
-                    or current[src] is not None or head - out_ctl[TAIL] >= slots):
+            with lock:
+                head = sent_head[dst]
+                if (send_buf is None or recv_buf is None or sends or posted or stashed or wild
+                        or current[src] is not None or head - out_ctl[TAIL] >= slots):
+                    waits = None
+                else:
+                    slot = head % slots   # the send, as `_send_now`
+                    field = slot * HEADER_FIELDS
+                    out_hdr[field] = tag
+                    out_hdr[field + 1] = sent
+                    out_hdr[field + 2] = 0
+                    out_hdr[field + 3] = sent
+                    outgoing[slot][...] = send_buf
+                    sent_head[dst] = head + 1
+                    out_ctl[HEAD] = head + 1   # publish (x86 keeps the stores above before this one)
+                    tail = read_tail[src]      # the receive, as `_receive_now`
+                    if in_ctl[HEAD] > tail or landed(src, tail):
+                        slot = tail % slots
+                        field = slot * HEADER_FIELDS
+                        if (in_hdr[field] == tag and in_hdr[field + 1] == received
+                                and in_hdr[field + 3] == received):
+                            if reducer is None:
+                                recv_buf[...] = incoming[slot]
+                            else:
+                                reducer(recv_buf, incoming[slot])
+                            read_tail[src] = tail + 1
+                            in_ctl[TAIL] = tail + 1   # the slot is free again
+                            return None
+                    # a late peer, or another message first: the general receive sorts it out
+                    waits = exchange_receive(None, recv_buf, src, tag, reducer)
+            if waits is None:
                 return general(send_buf, recv_buf, tag, deadline)
-            slot = head % slots   # the send, as `_send_now`
-            field = slot * HEADER_FIELDS
-            out_hdr[field] = tag
-            out_hdr[field + 1] = sent
-            out_hdr[field + 2] = 0
-            out_hdr[field + 3] = sent
-            outgoing[slot][...] = send_buf
-            sent_head[dst] = head + 1
-            out_ctl[HEAD] = head + 1   # publish (x86 keeps the stores above before this one)
-            tail = read_tail[src]      # the receive, as `_receive_now`
-            if in_ctl[HEAD] > tail or landed(src, tail):
-                slot = tail % slots
-                field = slot * HEADER_FIELDS
-                if in_hdr[field] == tag and in_hdr[field + 1] == received and in_hdr[field + 3] == received:
-                    if reducer is None:
-                        recv_buf[...] = incoming[slot]
-                    else:
-                        reducer(recv_buf, incoming[slot])
-                    read_tail[src] = tail + 1
-                    in_ctl[TAIL] = tail + 1   # the slot is free again
-                    return None
-            # a late peer, or another message first: the general receive sorts it out
-            return self._exchange_receive(None, recv_buf, src, tag, deadline, reducer)
+            if waits:
+                wait_all(waits, deadline)
+            return None
         return step
 
     def _landed(self, peer: int, tail: int) -> bool:
         """Spin (yielding after `spin_polls`) until `peer`'s FIFO has a slot at `tail`, keeping my
-        other messages moving as `wait_all` would; false after DIRECT_POLLS polls."""
+        other messages moving as `wait_all` would; false after DIRECT_POLLS polls. The lock stays
+        held (at most DIRECT_YIELD_S): my other threads wait that long at most."""
         ctl = self.inbound[peer].ctl
         polls = 0
         while ctl[HEAD] <= tail:
@@ -144,8 +155,8 @@ class DirectPath:
         True: done; false: nothing taken (post a receive); a request: begun, installed as the
         message being received from `peer`, to wait for."""
         n = buf.nbytes
-        if self.posted[peer] or self.current[peer] is not None or self.stashed[peer]:
-            return False
+        if self.posted[peer] or self.current[peer] is not None or self.stashed[peer] or self.wild:
+            return False   # (receives posted before this one come first; ANY_SOURCE ones pull every FIFO)
         fifo = self.inbound[peer]
         ctl, hdr, tail, request = fifo.ctl, fifo.hdr, self.read_tail[peer], None
         while request is None or request.pos < n:

@@ -72,18 +72,29 @@ class Out(Request):
 
 
 class In(Request):
-    """A posted receive (or, `stash`, a message taken aside until a receive for its tag comes)."""
+    """A posted receive (or, `stash`, a message taken aside until a receive for its tag comes).
 
-    __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry", "helpable")
+    `data` is where the message's bytes go and `size` how many come: the buffer whole until a
+    message is matched (`matching`), then its first bytes for a shorter one, or a scratch buffer
+    for one that does not fit. `seq` orders posted receives; a stash `claimed` by `improbe` goes
+    to its `claimant` (`mrecv`) only.
+    """
+
+    __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry", "helpable", "size", "seq", "claimed",
+                 "claimant")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
                  stash: bool = False, helpable: bool = False) -> None:
         super().__init__("recv", peer, tag, buf.nbytes)
         self.buf = buf
         self.data = buf.view(np.uint8)
+        self.size = self.nbytes
         self.reducer = reducer
         self.pos = 0
         self.stash = stash
+        self.seq = 0
+        self.claimed = False
+        self.claimant: In | None = None
         self.helpable = helpable   # its sender may be asked to copy half (not a sendrecv's: `help`)
         self.carry: np.ndarray | None = None   # the bytes of an element split between two chunks
 

@@ -70,7 +70,7 @@ class Handshake:
         fifo.control[TAIL] = tail
         self.acks_given[peer] += 1
         fifo.control[ACKS] = self.acks_given[peer]
-        request.pos = request.nbytes
+        request.pos = request.size
         request.done = True
         self.current[peer] = None
         if request.stash:
@@ -158,5 +158,5 @@ class Handshake:
         into my buffer not to, if it has not begun. The pair's FIFO stays held by that message."""
         for request in requests:
             peer = request.peer
-            if self.helping[peer] and self.current[peer] is request:
+            if peer >= 0 and self.helping[peer] and self.current[peer] is request:
                 self.inbound[peer].ctl[HELP_ASK + 3] = HELP_WITHDRAWN

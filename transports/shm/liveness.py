@@ -58,9 +58,17 @@ class GroupLiveness:
             raise PeerLost(f"rank {dead} (pid {self.pids[dead]}) has died; rank {self.rank} learned it "
                            f"from a peer while waiting", dead)
         for request in requests:
-            if not request.done and not process_alive(self.pids[request.peer]):
-                raise self._lost(request.peer, f"rank {request.peer} (pid {self.pids[request.peer]}) has "
-                                               f"died; rank {self.rank} was waiting for its {request!r}")
+            if request.done:
+                continue
+            if request.peer >= 0:
+                if not process_alive(self.pids[request.peer]):
+                    raise self._lost(request.peer, f"rank {request.peer} (pid {self.pids[request.peer]}) has "
+                                                   f"died; rank {self.rank} was waiting for its {request!r}")
+                continue
+            others = [peer for peer in range(len(self.pids)) if peer != self.rank]   # ANY_SOURCE
+            if others and not any(process_alive(self.pids[peer]) for peer in others):
+                raise self._lost(others[0], f"every peer of rank {self.rank} has died; it was waiting "
+                                            f"for its {request!r}")
 
     def _lost(self, peer: int, message: str) -> PeerLost:
         """Record `peer`'s death in every peer's header page (if nobody has yet) and make the error;

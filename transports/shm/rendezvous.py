@@ -72,7 +72,7 @@ class PeerMemory:
     def read_mapped(self, peer: int, request: In, words: Sequence[int]) -> None:
         """Copy (or reduce) the message of `request` out of my mapping of `peer`'s registered region
         that `words` (region id, descriptor, offset, region bytes) locate."""
-        source = self._mapped(peer, words, request.nbytes)
+        source = self._mapped(peer, words, request.size)
         if request.reducer is None:
             np.copyto(request.data, source)
         else:

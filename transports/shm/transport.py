@@ -15,6 +15,7 @@ import dataclasses
 import os
 import platform
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -40,11 +41,10 @@ from .fifo import (
     Out,
     chunk_mismatch,
     fifo_bytes,
-    serve_stashed,
-    take_posted,
 )
 from .help import Handshake
 from .liveness import HEADER_PAGE, LIVENESS_PERIOD_S, GroupLiveness
+from .matching import Matching
 from .options import (
     DEFAULT_OPTIONS,
     NEVER,
@@ -61,8 +61,12 @@ from .rendezvous import PeerMemory, probe_mapping, probe_region
 OVERSUBSCRIBED_SPIN_POLLS = 5
 
 
-class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
-    """One process's end of a shared-memory group (x86-64, one machine)."""
+class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
+    """One process's end of a shared-memory group (x86-64, one machine).
+
+    Safe to use from several threads at once: one lock, held while posting, for each progress
+    pass and for the direct path's attempts, never while a wait pauses.
+    """
 
     name = "shm"
     SETUP_ROUNDS = 2   # the exchanges __init__ makes (a rank outside a new group makes them empty)
@@ -131,7 +135,10 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         self.sent_head = [0] * size      # my copy of outbound head (I am its only writer)
         self.read_tail = [0] * size      # my copy of inbound tail (I am its only writer)
         self.sends: list[deque[Out]] = [deque() for _ in range(size)]
-        self.posted: list[list[In]] = [[] for _ in range(size)]
+        self.posted: list[list[In]] = [[] for _ in range(size)]   # receives naming their source
+        self.wild: list[In] = []                                   # ANY_SOURCE receives
+        self.posts = 0                                             # receives posted (their `seq`)
+        self.lock = threading.Lock()
         self.current: list[In | None] = [None] * size
         self.stashed: list[list[In]] = [[] for _ in range(size)]
         self.active_out: set[int] = set()
@@ -168,11 +175,12 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         once (a request born done); anything else is queued and pushed as slots free up."""
         check_buffer(buf, "shm send")
         region = self._registered(buf)   # (looked up once: a registered message goes by its region)
-        if region is None and self._send_now(buf, peer, tag):
-            sent = Request("send", peer, tag, buf.nbytes)
-            sent.done = True
-            return sent
-        return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes, region)
+        with self.lock:
+            if region is None and self._send_now(buf, peer, tag):
+                sent = Request("send", peer, tag, buf.nbytes)
+                sent.done = True
+                return sent
+            return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes, region)
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
                region: registered.Region | None = None, pushable: bool = False) -> Out:
@@ -219,18 +227,15 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         return True
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """`Transport.irecv`: `peer` may be ANY_SOURCE, `tag` ANY_TAG (`matching`)."""
         check_buffer(buf, "shm receive")
-        return self._post(In(peer, tag, buf, None, helpable=True))
+        with self.lock:
+            return self._post(In(peer, tag, buf, None, helpable=True))
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
         check_buffer(buf, "shm receive-reduce")
-        return self._post(In(peer, tag, buf, reducer))
-
-    def _post(self, request: In) -> In:
-        self.posted[request.peer].append(request)
-        self.active_in.add(request.peer)
-        self._serve_stash(request.peer)
-        return request
+        with self.lock:
+            return self._post(In(peer, tag, buf, reducer))
 
     def _registered(self, buf: np.ndarray) -> registered.Region | None:
         """The registered region `buf` lies in, if it is big enough to go so and peers can map it."""
@@ -250,19 +255,23 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                 self.wait_all([self.isend(send_buf, dst, tag)], deadline)
             return
         check_buffer(recv_buf, "shm receive")   # (before any byte moves)
-        if send_buf is None:
-            send = None
-        elif send_buf is recv_buf:
-            if (recv_buf.nbytes > self.chunk or self._registered(recv_buf) is not None
-                    or not self._send_now(recv_buf, dst, tag)):
-                send_buf = recv_buf.copy()
-                send = self._exchange_send(send_buf, dst, tag, reducer is not None)
-            else:
-                send = None   # (sent: the buffer is free to receive into)
-        else:
+        if send_buf is not None and send_buf is not recv_buf:
             check_buffer(send_buf, "shm send")
-            send = self._exchange_send(send_buf, dst, tag, reducer is not None, recv_buf)
-        self._exchange_receive(send, recv_buf, src, tag, deadline, reducer)
+        with self.lock:
+            if send_buf is None:
+                send = None
+            elif send_buf is recv_buf:
+                if (recv_buf.nbytes > self.chunk or self._registered(recv_buf) is not None
+                        or not self._send_now(recv_buf, dst, tag)):
+                    send_buf = recv_buf.copy()
+                    send = self._exchange_send(send_buf, dst, tag, reducer is not None)
+                else:
+                    send = None   # (sent: the buffer is free to receive into)
+            else:
+                send = self._exchange_send(send_buf, dst, tag, reducer is not None, recv_buf)
+            waits = self._exchange_receive(send, recv_buf, src, tag, reducer)
+        if waits:
+            self.wait_all(waits, deadline)
 
     def _exchange_send(self, send_buf: np.ndarray, dst: int, tag: int, reducing: bool,
                        into: np.ndarray | None = None) -> Out | None:
@@ -284,19 +293,19 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
             return None
         return self._isend(send_buf, dst, tag, rendezvous, region)
 
-    def _exchange_receive(self, send: Out | None, recv_buf: np.ndarray, src: int, tag: int, deadline: float,
-                          reducer: Reducer | None) -> None:
-        """A sendrecv's receive, straight out of the slots or the sender where it can, and the wait
-        for it and for `send` (None: nothing to wait for)."""
+    def _exchange_receive(self, send: Out | None, recv_buf: np.ndarray, src: int, tag: int,
+                          reducer: Reducer | None) -> list[Request]:
+        """A sendrecv's receive, straight out of the slots or the sender where it can (the lock
+        held); returns what is left to wait for: the receive, and `send` (None: nothing)."""
         taken = self._receive_now(recv_buf, src, tag, reducer, helpable=send is None)
         if taken is True:
-            if send is not None:
-                if not send.done and send.ack:
-                    self._spin_for_ack(send)
-                self.wait_all([send], deadline)
-            return
+            if send is None:
+                return []
+            if not send.done and send.ack:
+                self._spin_for_ack(send)
+            return [] if send.done else [send]
         receive = taken or self._post(In(src, tag, recv_buf, reducer, helpable=send is None))
-        self.wait_all([receive] if send is None else [send, receive], deadline)
+        return [receive] if send is None else [send, receive]
 
     def _spin_for_ack(self, send: Out) -> None:
         """Poll the ack of my rendezvous `send` alone for up to `spin_polls` polls, then collect it
@@ -366,7 +375,7 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                 if request is None:
                     break                  # nobody wants it yet: leave it in the FIFO
                 self.current[peer] = request
-            whole = request.pos == 0 and message_bytes == request.nbytes
+            whole = request.pos == 0 and message_bytes == request.size
             if n in ADDRESSED and self.cma and whole:
                 if self._ask_help(peer, request, offset, n == RENDEZVOUS_PUSHABLE):
                     self.read_tail[peer] = tail
@@ -382,44 +391,21 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                 moved = True
                 continue
             if (offset != request.pos or n < 0 or n > self.chunk or offset + n > message_bytes
-                    or message_bytes != request.nbytes or tag != request.tag):   # inline: every chunk
+                    or message_bytes != request.size or tag != request.received_tag):   # inline: every chunk
                 raise chunk_mismatch(self.rank, peer, request, (tag, message_bytes, offset, n))
             request.take(fifo.data[slot, :n])
             tail += 1
             fifo.control[TAIL] = tail
             moved = True
-            if request.pos >= request.nbytes:
+            if request.pos >= request.size:
                 request.done = True
                 self.current[peer] = None
                 if request.stash:
                     self._serve_stash(peer)
         self.read_tail[peer] = tail
-        if not self.posted[peer] and self.current[peer] is None:
+        if not self.posted[peer] and self.current[peer] is None and not self.wild:
             self.active_in.discard(peer)
         return moved
-
-    def _match(self, peer: int, tag: int, message_bytes: int) -> In | None:
-        """The earliest posted receive for a new message; stash it if receives wait for other tags."""
-        posted = self.posted[peer]
-        request = take_posted(posted, self.rank, peer, tag, message_bytes)
-        if request is not None or not posted:
-            return request
-        # Receives wait on other tags behind this message: take it aside (the rare, allocating path:
-        # point-to-point messages out of tag order) so the FIFO keeps moving.
-        stash = In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
-        self.stashed[peer].append(stash)
-        return stash
-
-    def _serve_stash(self, peer: int) -> None:
-        """Complete posted receives from fully stashed messages with their tag, oldest first."""
-        if not self.stashed[peer]:
-            return   # the usual case, on every posted receive: nothing was taken aside
-
-        def deliver(request: In, stash: In) -> None:
-            request.take(stash.data)
-            request.done = True
-
-        serve_stashed(self.stashed[peer], self.posted[peer], self.rank, peer, deliver)
 
     def progress(self) -> bool:
         """One pass over every active FIFO; true if anything moved."""
@@ -431,19 +417,24 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
         return moved
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
+        """`Transport.wait_all`; raises a done request's `error` (a truncated receive) once all are
+        done. Each progress pass holds the lock, the pauses between them do not."""
         for request in requests:   # nothing to wait for: no progress pass and no clock
             if not request.done:
                 break
         else:
-            return
+            return self._raise_error(requests)
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
+        lock = self.lock
         try:
             while True:
-                if self.progress():
+                with lock:
+                    moved = self.progress()
+                if moved:
                     backoff.reset()
                 if all(r.done for r in requests):
-                    return
+                    return self._raise_error(requests)
                 now = time.monotonic()
                 if now >= deadline:
                     raise timeout_error(requests, deadline)
@@ -453,8 +444,16 @@ class ShmTransport(DirectPath, Handshake, GroupLiveness, Transport):
                     self._check_alive(requests)
                 backoff.pause()
         except BaseException:   # my buffers are given back: no helping sender may write them now
-            self._withdraw_help(requests)
+            with lock:
+                self._withdraw_help(requests)
             raise
+
+    @staticmethod
+    def _raise_error(requests: Sequence[Request]) -> None:
+        """Raise the error of the first of `requests` that has one (all done)."""
+        for request in requests:
+            if request.error is not None:
+                raise request.error
 
     # -- groups and teardown ---------------------------------------------------------------------
 
