@@ -5,6 +5,13 @@ and completes only when the receiver has copied (or reduced) straight out of the
 That is stricter than a buffered transport, so an algorithm that only works because big sends
 complete early fails here too; small sends are copied and complete at once, as MPI's eager ones do.
 One lock and condition guard the whole world; with the GIL there is nothing to gain from finer locks.
+Every verb takes it, and a wait releases it while it sleeps, so any number of threads may use one
+rank's transport at once.
+
+MPI's point-to-point matching: a rank's receives are kept in one list, in posting order, and each
+takes the earliest message that matches it (from its source, or the earliest sent from any source for
+ANY_SOURCE; with its tag, or any point-to-point tag for ANY_TAG). With both sides in a single order
+that is the matching MPI defines whatever the moment each side arrived.
 """
 
 from __future__ import annotations
@@ -17,18 +24,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import Exchange, Reducer, Request, Transport, check_buffer, timeout_error
-from .errors import CollectiveMismatch, CommunicatorAborted, PeerLost
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    COLLECTIVE_TAG_BASE,
+    Envelope,
+    Exchange,
+    Reducer,
+    Request,
+    Transport,
+    check_buffer,
+    timeout_error,
+)
+from .errors import CollectiveMismatch, CommunicatorAborted, MessageTruncated, PeerLost
 
 EAGER_BYTES = 4096   # sends up to this size are copied and complete at once; larger ones rendezvous
 
 
 class _Send(Request):
-    __slots__ = ("data",)
+    __slots__ = ("data", "origin", "order")
 
-    def __init__(self, peer: int, tag: int, data: np.ndarray) -> None:
+    def __init__(self, peer: int, tag: int, data: np.ndarray, origin: int, order: int) -> None:
         super().__init__("send", peer, tag, data.nbytes)
         self.data = data
+        self.origin = origin   # the sending rank
+        self.order = order   # the world's count of sends when this one was posted (ANY_SOURCE's order)
 
 
 class _Recv(Request):
@@ -55,6 +75,7 @@ class LocalWorld:
         self.lost: dict[int, str] = {}
         self.aborted: str | None = None
         self.children: dict[int, LocalWorld] = {}
+        self.sends = itertools.count()
 
     def transport(self, rank: int) -> LocalTransport:
         """The transport of `rank` in this world."""
@@ -80,15 +101,16 @@ class LocalTransport(Transport):
         self.world = world
         self.rank = rank
         self.size = world.size
-        # receives posted by this rank and not yet matched, per source, in posting order
-        self.pending: list[list[_Recv]] = [[] for _ in range(world.size)]
+        # receives posted by this rank and not yet matched, in posting order
+        self.pending: list[_Recv] = []
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "local send")
         eager = buf.nbytes <= EAGER_BYTES
-        request = _Send(peer, tag, buf.copy() if eager else buf)
-        request.done = eager   # like MPI's eager protocol: a small send completes once copied
+        data = buf.copy() if eager else buf
         with self.world.cond:
+            request = _Send(peer, tag, data, self.rank, next(self.world.sends))
+            request.done = eager   # like MPI's eager protocol: a small send completes once copied
             self.world.mailbox[peer][self.rank].append(request)
             self.world.cond.notify_all()
         return request
@@ -96,14 +118,48 @@ class LocalTransport(Transport):
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "local receive")
         request = _Recv(peer, tag, buf, None)
-        self.pending[peer].append(request)
+        with self.world.cond:
+            self.pending.append(request)
         return request
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
         check_buffer(buf, "local receive-reduce")
         request = _Recv(peer, tag, buf, reducer)
-        self.pending[peer].append(request)
+        with self.world.cond:
+            self.pending.append(request)
         return request
+
+    def iprobe(self, peer: int, tag: int) -> Envelope | None:
+        with self.world.cond:
+            send = self._probe(peer, tag)
+            return None if send is None else Envelope(send.origin, send.tag, send.nbytes)
+
+    def improbe(self, peer: int, tag: int) -> Envelope | None:
+        with self.world.cond:
+            send = self._probe(peer, tag)
+            if send is None:
+                return None
+            self.world.mailbox[self.rank][send.origin].remove(send)
+            return Envelope(send.origin, send.tag, send.nbytes, send)
+
+    def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:
+        check_buffer(buf, "local receive")
+        send = message.handle
+        if not isinstance(send, _Send):
+            raise ValueError(f"rank {self.rank}: mrecv needs a message improbe claimed and not yet "
+                             f"received, got {message!r}")
+        request = _Recv(message.source, message.tag, buf, None)
+        message.handle = None   # received once only
+        with self.world.cond:
+            _deliver(send, request, message.source, self.rank)
+            self.world.cond.notify_all()
+        return request
+
+    def _probe(self, peer: int, tag: int) -> _Send | None:
+        """The message a receive from `peer` with `tag` would take now; call with the lock held."""
+        if self._progress():
+            self.world.cond.notify_all()
+        return _match(self.world.mailbox[self.rank], peer, tag)
 
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
         world = self.world
@@ -111,12 +167,18 @@ class LocalTransport(Transport):
             while True:
                 if self._progress():
                     world.cond.notify_all()
-                if all(r.done for r in requests):
-                    return
+                finished = True
                 for r in requests:
-                    if not r.done and r.peer in world.lost:
+                    if r.done:
+                        if r.error is not None:
+                            raise r.error
+                        continue
+                    finished = False
+                    if r.peer in world.lost:
                         raise PeerLost(f"rank {r.peer} is gone ({world.lost[r.peer]}); "
                                        f"rank {self.rank} was waiting for its {r!r}", r.peer)
+                if finished:
+                    return
                 self.check_aborted()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -124,22 +186,23 @@ class LocalTransport(Transport):
                 world.cond.wait(min(remaining, 0.5))
 
     def _progress(self) -> bool:
-        """Match posted receives against parked sends; call with the world lock held."""
-        moved = False
+        """Match posted receives, in posting order, against parked sends; call with the lock held."""
+        pending = self.pending
+        if not pending:
+            return False
         inbox = self.world.mailbox[self.rank]
-        for src, receives in enumerate(self.pending):
-            # each receive takes the first parked send with its tag: receives of one tag in the
-            # order posted, of different tags in any (one waiting for a tag blocks no other)
-            index = 0
-            while index < len(receives) and inbox[src]:
-                send = _first_with_tag(inbox[src], receives[index].tag)
-                if send is None:
-                    index += 1
-                    continue
-                recv = receives.pop(index)
-                inbox[src].remove(send)
-                _deliver(send, recv, src, self.rank)
-                moved = True
+        moved = False
+        index = 0
+        while index < len(pending):
+            recv = pending[index]
+            send = _match(inbox, recv.peer, recv.tag)
+            if send is None:
+                index += 1   # it waits; receives after it may still match other messages
+                continue
+            del pending[index]
+            inbox[send.origin].remove(send)
+            _deliver(send, recv, send.origin, self.rank)
+            moved = True
         return moved
 
     def check_aborted(self) -> None:
@@ -171,21 +234,54 @@ class LocalTransport(Transport):
 
 
 def _first_with_tag(queue: deque[_Send], tag: int) -> _Send | None:
+    """The first send in `queue` with `tag` (ANY_TAG: with any point-to-point tag)."""
+    if tag == ANY_TAG:
+        for send in queue:
+            if send.tag < COLLECTIVE_TAG_BASE:
+                return send
+        return None
     for send in queue:
         if send.tag == tag:
             return send
     return None
 
 
+def _match(inbox: list[deque[_Send]], peer: int, tag: int) -> _Send | None:
+    """The parked send a receive from `peer` (or ANY_SOURCE) with `tag` takes: the first of its
+    sender's that matches, from any sender the earliest posted."""
+    if peer != ANY_SOURCE:
+        queue = inbox[peer]
+        return _first_with_tag(queue, tag) if queue else None
+    found = None
+    for queue in inbox:
+        send = _first_with_tag(queue, tag) if queue else None
+        if send is not None and (found is None or send.order < found.order):
+            found = send
+    return found
+
+
 def _deliver(send: _Send, recv: _Recv, src: int, dst: int) -> None:
-    """Copy or reduce the sender's buffer into the receiver's, completing both requests."""
-    if send.nbytes != recv.nbytes:
-        raise CollectiveMismatch(f"rank {dst} posted a receive of {recv.nbytes} B from rank {src} "
-                                 f"(tag {recv.tag}) but rank {src} sent {send.nbytes} B")
-    incoming = send.data.view(np.uint8).view(recv.buf.dtype) if send.nbytes else recv.buf[:0]
-    if recv.reducer is None:
-        np.copyto(recv.buf, incoming)
+    """Copy or reduce the sender's buffer into the receiver's, completing both requests. A
+    point-to-point message may be shorter than the receive's buffer; a longer one completes the
+    receive with MessageTruncated (and the send normally)."""
+    nbytes = send.nbytes
+    if nbytes != recv.nbytes:
+        if recv.tag >= COLLECTIVE_TAG_BASE or recv.reducer is not None:
+            raise CollectiveMismatch(f"rank {dst} posted a receive of {recv.nbytes} B from rank {src} "
+                                     f"(tag {recv.tag}) but rank {src} sent {nbytes} B")
+        if nbytes > recv.nbytes:
+            recv.error = MessageTruncated(
+                f"rank {dst}: a message of {nbytes} B from rank {src} (tag {send.tag}) does not fit "
+                f"the receive buffer of {recv.nbytes} B")
+            recv.buf.view(np.uint8)[:] = send.data.view(np.uint8)[:recv.nbytes]
+        else:
+            recv.buf.view(np.uint8)[:nbytes] = send.data.view(np.uint8)
+    elif recv.reducer is None:
+        if nbytes:
+            np.copyto(recv.buf, send.data.view(np.uint8).view(recv.buf.dtype))
     else:
+        incoming = send.data.view(np.uint8).view(recv.buf.dtype) if nbytes else recv.buf[:0]
         recv.reducer(recv.buf, incoming)
+    recv.source, recv.received_tag, recv.count = src, send.tag, min(nbytes, recv.nbytes)
     send.done = True
     recv.done = True
