@@ -30,6 +30,12 @@ def install() -> types.ModuleType:
     package.get_include = package.get_config = _no_build_support   # type: ignore[attr-defined]
     sys.modules["mpi4py"] = package
     sys.modules["mpi4py.MPI"] = MPI
+    from . import util
+    from .util import pkl5
+
+    package.util = util   # type: ignore[attr-defined]
+    sys.modules["mpi4py.util"] = util
+    sys.modules["mpi4py.util.pkl5"] = pkl5
     return package
 
 

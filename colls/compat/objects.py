@@ -121,9 +121,9 @@ def _lock(comm: Any, name: str) -> Any:
 
 # -- frames ------------------------------------------------------------------------------------
 
-def frames(obj: Any) -> list[np.ndarray]:
+def frames(obj: Any, pickler: Pickle) -> list[np.ndarray]:
     """The messages that carry `obj`: its pickle, or a header and its out-of-band buffers."""
-    data, buffers = pickle.dumps_oob(obj)
+    data, buffers = pickler.dumps_oob(obj)
     if not buffers:
         return [as_bytes(data)]
     parts = [as_bytes(buffer) for buffer in buffers]
@@ -181,7 +181,7 @@ class _ObjectReceive:
         total = envelope.nbytes
         split = _split_header(first)
         if split is None:
-            self._object = pickle.loads(first) if first.size else None
+            self._object = self._comm._pickler().loads(first) if first.size else None
         else:
             data, sizes = split
             parts = [np.empty(size, np.uint8) for size in sizes]
@@ -189,7 +189,7 @@ class _ObjectReceive:
             for work in works:
                 work.wait()
             total += sum(sizes)
-            self._object = pickle.loads_oob(data, parts)
+            self._object = self._comm._pickler().loads_oob(data, parts)
         self.fields = (envelope.source, envelope.tag, total)
         self._done = True
 
@@ -246,13 +246,17 @@ _PYTHON_OPS: dict[int, Callable[[Any, Any], Any]] = {
 class ObjectMethods:
     """The lowercase methods of `Comm` (a mixin: `self._comm` is the colls `Communicator`)."""
 
+    def _pickler(self) -> Pickle:
+        """How this communicator's objects become bytes: `MPI.pickle`."""
+        return pickle
+
     # -- point to point ----------------------------------------------------------------------------
 
     def _post_object(self, obj: Any, dest: int, tag: int) -> Request:
         if dest == PROC_NULL:
             return Request(None)
         dest, tag = int(dest), int(tag)
-        parts = frames(obj)
+        parts = frames(obj, self._pickler())
         comm = self._comm
         with _lock(self, "send"):   # one object's frames are consecutive at (dest, tag)
             works = [comm.send(part, dest, tag, async_op=True) for part in parts]
@@ -278,10 +282,13 @@ class ObjectMethods:
         """
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return self.irecv(None, source, tag).wait(status)
+        return self._irecv_object(source, tag).wait(status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Nonblocking receive of an object: the request's `wait()` returns it."""
+        return self._irecv_object(source, tag)
+
+    def _irecv_object(self, source: int, tag: int) -> Request:
         if source == PROC_NULL:
             return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
         receive = _ObjectReceive(self, int(source), int(tag))
@@ -295,7 +302,7 @@ class ObjectMethods:
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
         """Send `sendobj` to `dest` and receive an object from `source`; returns the one received."""
         send = self._post_object(sendobj, dest, sendtag)
-        received = self.irecv(None, source, recvtag).wait(status)
+        received = self._irecv_object(source, recvtag).wait(status)
         send.Wait()
         return received
 
@@ -325,27 +332,27 @@ class ObjectMethods:
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """The root's object on every rank."""
         with _lock(self, "bcast"):
-            return self._comm.broadcast_object(obj, self._root(root), pickler=pickle)
+            return self._comm.broadcast_object(obj, self._root(root), pickler=self._pickler())
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's object, in rank order, on the root (None elsewhere)."""
         with _lock(self, "gather"):
-            return self._comm.gather_object(sendobj, self._root(root), pickler=pickle)
+            return self._comm.gather_object(sendobj, self._root(root), pickler=self._pickler())
 
     def scatter(self, sendobj: Sequence[Any] | None, root: int = 0) -> Any:
         """Item i of the root's sequence on rank i."""
         with _lock(self, "scatter"):
-            return self._comm.scatter_object(sendobj, self._root(root), pickler=pickle)
+            return self._comm.scatter_object(sendobj, self._root(root), pickler=self._pickler())
 
     def allgather(self, sendobj: Any) -> list[Any]:
         """Every rank's object, in rank order, on every rank."""
         with _lock(self, "allgather"):
-            return self._comm.all_gather_object(sendobj, pickler=pickle)
+            return self._comm.all_gather_object(sendobj, pickler=self._pickler())
 
     def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
         """Item i of every rank's sequence to rank i."""
         with _lock(self, "alltoall"):
-            return self._comm.all_to_all_object(sendobj, pickler=pickle)
+            return self._comm.all_to_all_object(sendobj, pickler=self._pickler())
 
     def reduce(self, sendobj: Any, op: Any = ops.SUM, root: int = 0) -> Any:
         """The objects of every rank combined by `op` in rank order, on the root (None elsewhere)."""

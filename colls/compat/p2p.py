@@ -166,7 +166,7 @@ class PointToPoint(ObjectMethods):
         """Claim the next message from `source` with `tag`: only the returned Message receives it."""
         if source == PROC_NULL:
             self.Probe(source, tag, status)
-            return MESSAGE_NO_PROC
+            return Message(MESSAGE_NO_PROC)
         envelope = self._comm.mprobe(int(source), int(tag))
         self._found(envelope, status)
         return Message(self, envelope)

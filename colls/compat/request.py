@@ -153,7 +153,13 @@ class Request:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (self._null and other._null)
+        if self._null or other._null:
+            return self._null and other._null
+        return self.__dict__ is other.__dict__ or self._work is other._work is not None
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
         return id(self)
@@ -493,8 +499,10 @@ class Message:
     """A message claimed by `Mprobe`/`Improbe`: only `Recv`/`recv` of this object receives it.
 
     Args:
-        comm: the facade communicator it was claimed on (None: MPI.MESSAGE_NULL).
-        envelope: the transport's `Envelope` (source, tag, nbytes), or None for MESSAGE_NO_PROC.
+        comm: the facade communicator it was claimed on; or a Message to copy; None:
+            MPI.MESSAGE_NULL.
+        envelope: the transport's `Envelope` (source, tag, nbytes); None with a communicator:
+            a message from MPI.PROC_NULL (MPI.MESSAGE_NO_PROC), which receives nothing.
     """
 
     def __init__(self, comm: Any = None, envelope: Any = None) -> None:
@@ -509,17 +517,22 @@ class Message:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
-        return self is other or (self._comm is other._comm and self._envelope is other._envelope)
+        if self._comm is None or other._comm is None:
+            return self._comm is other._comm
+        return self._envelope is other._envelope   # None for both: MESSAGE_NO_PROC
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
-        return id(self)
+        return id(self._envelope)
 
     def _take(self) -> tuple[Any, Any]:
         if self._comm is None:
             raise ValueError("Message: MPI.MESSAGE_NULL cannot be received")
         comm, envelope = self._comm, self._envelope
-        if envelope is not None:   # received once; MESSAGE_NO_PROC stays what it is
-            self._comm = self._envelope = None
+        self._comm = self._envelope = None   # received once: now MESSAGE_NULL
         return comm, envelope
 
     def Recv(self, buf: Any, status: Status | None = None) -> None:
@@ -566,4 +579,4 @@ class Message:
 
 
 MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message(True)   # a message from MPI.PROC_NULL: receiving it gets nothing
+MESSAGE_NO_PROC = Message(PROC_NULL)   # from MPI.PROC_NULL: Mprobe returns a copy; receiving it gets nothing
