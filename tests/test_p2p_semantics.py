@@ -157,7 +157,9 @@ def check_truncation(comm) -> None:
             with pytest.raises(MessageTruncated) as raised:
                 _wait(t, [request])
             text = str(raised.value)
-            assert f"{sent} B" in text and f"{room} B" in text and "rank 1" in text, text
+            assert f"{room} B" in text and "rank 1" in text, text
+            if t.name != "mpi":   # MPI does not tell the size of a message it truncated
+                assert f"{sent} B" in text, text
     elif comm.rank == 1:
         data = [_pattern(16, 1), _pattern(BIG, 2), _pattern(8, 3)]
         _wait(t, [t.isend(d, 0, tag) for d, tag in zip(data, (1, 2, 3), strict=True)])

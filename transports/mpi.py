@@ -4,6 +4,13 @@ Collectives and the user's point-to-point messages travel on two duplicates of t
 a user's tag can never match a collective's. A fused receive-reduce lands in a scratch buffer taken
 from a pool that grows to the largest message once and is then reused, and is reduced on completion.
 
+Point-to-point semantics are MPI's own: ANY_SOURCE and ANY_TAG are MPI's (the user's tags have a
+communicator of their own, so ANY_TAG never matches a collective's message), a shorter message's
+count comes from the status, a longer one fails only its receive (MPI_ERR_TRUNCATE, raised as
+MessageTruncated; MPI has consumed it), and probes are MPI_Iprobe/MPI_Improbe. Every call into MPI
+is made under one lock per transport (one for all of them where MPI gives less than
+MPI_THREAD_MULTIPLE), released while a wait backs off, so several threads may share a transport.
+
 A rank of this host that dies is seen through /proc (a long wait polls every POLL_SECONDS) and named in
 a PeerLost on every survivor; why that needs `colls run --transport mpi` (or its mpiexec options) under
 MPICH's Hydra is in docs/reliability.md.
@@ -16,15 +23,19 @@ import ctypes
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
     COLLECTIVE_TAG_BASE,
     Backoff,
     Capabilities,
+    Envelope,
     Exchange,
     Reducer,
     Request,
@@ -33,7 +44,7 @@ from .base import (
     process_alive,
     timeout_error,
 )
-from .errors import CollectiveMismatch, PeerLost, TransportError
+from .errors import CollectiveMismatch, MessageTruncated, PeerLost, TransportError
 
 _MPI = None
 ABORT_NOTICE_BYTES = 512   # an abort notice: the reason, UTF-8, zero-padded
@@ -45,6 +56,8 @@ _finalize_barrier_off = False
 # UCX prints a warning per receive (a sub-group the program never closed, as torch users never
 # destroy theirs)
 _open: dict[int, MpiTransport] = {}
+# the lock every transport shares where MPI is not MPI_THREAD_MULTIPLE (one thread in MPI at a time)
+_SERIALIZED = threading.RLock()
 
 
 def _close_open_transports() -> None:
@@ -125,7 +138,7 @@ def finalize_without_barrier(MPI) -> bool:
 
 
 class _MpiRequest(Request):
-    __slots__ = ("handle", "buf", "scratch", "reducer")
+    __slots__ = ("handle", "buf", "scratch", "reducer", "message_bytes")
 
     def __init__(self, kind: str, peer: int, tag: int, buf: np.ndarray) -> None:
         super().__init__(kind, peer, tag, buf.nbytes)
@@ -133,6 +146,7 @@ class _MpiRequest(Request):
         self.buf = buf
         self.scratch: np.ndarray | None = None
         self.reducer: Reducer | None = None
+        self.message_bytes: int | None = None   # the message's size, where known before it arrives (mrecv)
 
 
 class ScratchPool:
@@ -189,11 +203,14 @@ class MpiTransport(Transport):
         unlink_mpich_init_segments()   # every rank is past MPI_Init now, so all have mapped them
         self.scratch = ScratchPool()
         self.status = MPI.Status()
+        self.lock = threading.RLock() if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else _SERIALIZED
         self.closed = False
 
     def _route(self, tag: int):
         if tag >= COLLECTIVE_TAG_BASE:
             return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
+        if tag == ANY_TAG:
+            return self.p2p_comm, self.MPI.ANY_TAG
         if not 0 <= tag < self.tag_limit:
             raise ValueError(f"rank {self.rank}: tag {tag} is outside MPI's range 0..{self.tag_limit - 1}")
         return self.p2p_comm, tag
@@ -202,46 +219,84 @@ class MpiTransport(Transport):
         check_buffer(buf, "mpi send")
         comm, mpi_tag = self._route(tag)
         request = _MpiRequest("send", peer, tag, buf)
-        request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        with self.lock:
+            request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
         return request
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "mpi receive")
         comm, mpi_tag = self._route(tag)
         request = _MpiRequest("recv", peer, tag, buf)
-        request.handle = comm.Irecv([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        source = self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer
+        with self.lock:
+            request.handle = comm.Irecv([buf.view(np.uint8), self.MPI.BYTE], source, mpi_tag)
         return request
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
         check_buffer(buf, "mpi receive-reduce")
         comm, mpi_tag = self._route(tag)
         request = _MpiRequest("recv", peer, tag, buf)
-        request.scratch = self.scratch.take(buf.nbytes)
         request.reducer = reducer
-        landing = request.scratch[:buf.nbytes]
-        request.handle = comm.Irecv([landing, self.MPI.BYTE], peer, mpi_tag)
+        with self.lock:
+            request.scratch = self.scratch.take(buf.nbytes)
+            landing = request.scratch[:buf.nbytes]
+            request.handle = comm.Irecv([landing, self.MPI.BYTE], peer, mpi_tag)
+        return request
+
+    def iprobe(self, peer: int, tag: int) -> Envelope | None:
+        comm, mpi_tag = self._route(tag)
+        status = self.status
+        with self.lock:
+            if not comm.Iprobe(self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer, mpi_tag, status):
+                return None
+            return Envelope(status.Get_source(), status.Get_tag(), status.Get_count(self.MPI.BYTE))
+
+    def improbe(self, peer: int, tag: int) -> Envelope | None:
+        comm, mpi_tag = self._route(tag)
+        status = self.status
+        with self.lock:
+            message = comm.Improbe(self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer, mpi_tag, status)
+            if message is None:
+                return None
+            return Envelope(status.Get_source(), status.Get_tag(), status.Get_count(self.MPI.BYTE), message)
+
+    def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:
+        check_buffer(buf, "mpi receive")
+        handle = message.handle
+        if not isinstance(handle, self.MPI.Message):
+            raise ValueError(f"rank {self.rank}: mrecv needs a message improbe claimed and not yet "
+                             f"received, got {message!r}")
+        request = _MpiRequest("recv", message.source, message.tag, buf)
+        request.message_bytes = message.nbytes
+        message.handle = None   # received once only
+        with self.lock:
+            request.handle = handle.Irecv([buf.view(np.uint8), self.MPI.BYTE])
         return request
 
     def _test(self, request: _MpiRequest) -> bool:
-        """Test one request; on completion check the size and apply a pending reduction."""
+        """Test one request (with the lock held); on completion check the size, fill in what a
+        wildcard or shorter receive got, and apply a pending reduction."""
+        status = self.status
         try:
-            finished = request.handle.Test(self.status)
+            finished = request.handle.Test(status)
         except self.MPI.Exception as error:
-            self._find_dead(error)             # MPI fails requests once a peer is gone: name it
             if error.Get_error_class() == self.MPI.ERR_TRUNCATE:
-                raise CollectiveMismatch(
-                    f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
-                    f"(tag {request.tag}) but a larger message arrived") from None
+                return self._truncated(request)
+            self._find_dead(error)             # MPI fails requests once a peer is gone: name it
             raise TransportError(f"rank {self.rank}: MPI failed the {request.kind} of {request.nbytes} B "
                                  f"with rank {request.peer}: {str(error).splitlines()[0]}") from error
         if not finished:
             return False
         if request.kind == "recv":
-            got = self.status.Get_count(self.MPI.BYTE)
+            got = status.Get_count(self.MPI.BYTE)
             if got != request.nbytes:
-                raise CollectiveMismatch(
-                    f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
-                    f"(tag {request.tag}) but rank {request.peer} sent {got} B")
+                if request.tag >= COLLECTIVE_TAG_BASE or request.reducer is not None:
+                    raise CollectiveMismatch(
+                        f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
+                        f"(tag {request.tag}) but rank {request.peer} sent {got} B")
+                request.count = got
+            if request.peer == ANY_SOURCE or request.tag == ANY_TAG:
+                request.source, request.received_tag = status.Get_source(), status.Get_tag()
             if request.reducer is not None:
                 scratch = request.scratch
                 dtype = request.buf.dtype
@@ -251,15 +306,41 @@ class MpiTransport(Transport):
         request.done = True
         return True
 
+    def _truncated(self, request: _MpiRequest) -> bool:
+        """A message longer than the receive's buffer: MPI consumed it and failed the receive. A
+        point-to-point one completes the request with MessageTruncated (raised by the wait for it);
+        in a collective it is a mismatch. MPI does not tell the message's size unless mrecv knew it."""
+        status = self.status
+        if request.tag >= COLLECTIVE_TAG_BASE or request.reducer is not None:
+            raise CollectiveMismatch(
+                f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
+                f"(tag {request.tag}) but a larger message arrived")
+        source, tag = status.Get_source(), status.Get_tag()
+        size = "longer than that" if request.message_bytes is None else f"of {request.message_bytes} B"
+        request.error = MessageTruncated(
+            f"rank {self.rank}: a message {size} from rank {source} (tag {tag}) does not fit the "
+            f"receive buffer of {request.nbytes} B")
+        request.source, request.received_tag = source, tag
+        request.done = True
+        return True
+
     def wait_all(self, requests: Sequence[Request], deadline: float) -> None:
         backoff = Backoff()
         next_abort_check = time.monotonic() + POLL_SECONDS
+        lock = self.lock
         while True:
             progressed = False
-            for request in requests:
-                if not request.done and self._test(request):  # type: ignore[arg-type]
-                    progressed = True
-            if all(r.done for r in requests):
+            finished = True
+            with lock:   # released while backing off, so other threads' calls go on meanwhile
+                for request in requests:
+                    if not request.done:
+                        if not self._test(request):  # type: ignore[arg-type]
+                            finished = False
+                            continue
+                        progressed = True
+                    if request.error is not None:
+                        raise request.error
+            if finished:
                 return
             if progressed:
                 backoff.reset()
@@ -268,8 +349,9 @@ class MpiTransport(Transport):
                 raise timeout_error(requests, deadline)
             if now >= next_abort_check:
                 next_abort_check = now + POLL_SECONDS
-                self.check_aborted()
-                self._check_alive(requests)
+                with lock:
+                    self.check_aborted()
+                    self._check_alive(requests)
             backoff.pause()
 
     def _find_dead(self, error: Exception) -> None:
@@ -289,7 +371,7 @@ class MpiTransport(Transport):
         and in a collective any rank of the communicator (a survivor waiting on a live neighbour is,
         through it, waiting on the dead rank too, and would otherwise sit out the whole timeout)."""
         pending = [request for request in requests if not request.done]
-        if any(request.tag >= COLLECTIVE_TAG_BASE for request in pending):
+        if any(request.tag >= COLLECTIVE_TAG_BASE or request.peer == ANY_SOURCE for request in pending):
             depends_on = set(range(self.size))
         else:
             depends_on = {request.peer for request in pending}
@@ -345,14 +427,16 @@ class MpiTransport(Transport):
         text = reason.encode()[:ABORT_NOTICE_BYTES]
         notice[:len(text)] = np.frombuffer(text, np.uint8)
         self._notice = notice   # kept alive for the sends, which are never waited: best effort
-        for peer in range(self.size):
-            if peer != self.rank:
-                self.abort_comm.Isend([notice, self.MPI.BYTE], peer, 0)
+        with self.lock:
+            for peer in range(self.size):
+                if peer != self.rank:
+                    self.abort_comm.Isend([notice, self.MPI.BYTE], peer, 0)
 
     def check_aborted(self) -> None:
-        if self.abort_request is not None and self.abort_request.Test():
-            self.abort_request = None
-            self.aborted = self.abort_notice.tobytes().rstrip(b"\0").decode(errors="replace")
+        with self.lock:
+            if self.abort_request is not None and self.abort_request.Test():
+                self.abort_request = None
+                self.aborted = self.abort_notice.tobytes().rstrip(b"\0").decode(errors="replace")
         super().check_aborted()
 
     def subgroup(self, ranks: Sequence[int], exchange: Exchange) -> Transport | None:
