@@ -46,20 +46,8 @@ from .ops import (
     SUM,
     Op,
 )
-from .p2p import BSEND_OVERHEAD, Attach_buffer, Detach_buffer
-from .request import (
-    ANY_SOURCE,
-    ANY_TAG,
-    MESSAGE_NO_PROC,
-    MESSAGE_NULL,
-    PROC_NULL,
-    REQUEST_NULL,
-    SUCCESS,
-    Message,
-    Prequest,
-    Request,
-    Status,
-)
+from .p2p import BSEND_OVERHEAD, MESSAGE_NO_PROC, MESSAGE_NULL, Attach_buffer, Detach_buffer, Message
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Prequest, Request, Status
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
 INT_INT = _datatypes.PREDEFINED["TWOINT"]

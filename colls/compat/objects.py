@@ -27,7 +27,7 @@ import numpy as np
 from colls.objects import as_bytes
 
 from . import ops
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Message, Request, Status
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
 
 MARKER = b"\x00\x00colls:pickle5+buffers\x00"   # starts a header: no pickle or empty message does
 _SIZE = np.dtype("<u8")
@@ -314,12 +314,12 @@ class ObjectMethods:
         """Whether a message from `source` with `tag` can be received now."""
         return self.Iprobe(source, tag, status)
 
-    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Message:
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
         """Claim the next message from `source` with `tag`; its `recv()` gives the object."""
         return self.Mprobe(source, tag, status)
 
     def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-                status: Status | None = None) -> Message | None:
+                status: Status | None = None) -> Any:
         """As `mprobe`, without blocking: None if no message is there yet."""
         return self.Improbe(source, tag, status)
 

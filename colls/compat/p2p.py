@@ -13,7 +13,7 @@ from typing import Any
 
 from .buffers import simple
 from .objects import ObjectMethods
-from .request import ANY_SOURCE, ANY_TAG, MESSAGE_NO_PROC, PROC_NULL, Message, Prequest, Request, Status
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Prequest, Request, Status
 
 BSEND_OVERHEAD = 96   # bytes a buffered send reserves per message in MPICH (colls reserves none)
 _attached: list[Any] = [None]
@@ -30,6 +30,93 @@ def Detach_buffer() -> Any:   # noqa: N802 - mpi4py's name
     return buf
 
 
+class Message:
+    """A message claimed by `Mprobe`/`Improbe`: only `Recv`/`recv` of this object receives it.
+
+    Args:
+        comm: the facade communicator it was claimed on; or a Message to copy; None:
+            MPI.MESSAGE_NULL.
+        envelope: the transport's `Envelope` (source, tag, nbytes); None with a communicator:
+            a message from MPI.PROC_NULL (MPI.MESSAGE_NO_PROC), which receives nothing.
+    """
+
+    def __init__(self, comm: Any = None, envelope: Any = None) -> None:
+        if isinstance(comm, Message):
+            comm, envelope = comm._comm, comm._envelope
+        self._comm = comm
+        self._envelope = envelope
+
+    def __bool__(self) -> bool:
+        return self._comm is not None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        if self._comm is None or other._comm is None:
+            return self._comm is other._comm
+        return self._envelope is other._envelope   # None for both: MESSAGE_NO_PROC
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return id(self._envelope)
+
+    def _take(self) -> tuple[Any, Any]:
+        if self._comm is None:
+            raise ValueError("Message: MPI.MESSAGE_NULL cannot be received")
+        comm, envelope = self._comm, self._envelope
+        self._comm = self._envelope = None   # received once: now MESSAGE_NULL
+        return comm, envelope
+
+    def Recv(self, buf: Any, status: Status | None = None) -> None:
+        """Receive the message into `buf` (larger than the message is fine)."""
+        self.Irecv(buf).Wait(status)
+
+    def Irecv(self, buf: Any) -> Request:
+        """Nonblocking Recv."""
+        comm, envelope = self._take()
+        if envelope is None:
+            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0))
+        return comm._mrecv_buffer(buf, envelope)
+
+    def recv(self, status: Status | None = None) -> Any:
+        """Receive the message's object."""
+        return self.irecv().wait(status)
+
+    def irecv(self) -> Request:
+        """Nonblocking recv: the request's `wait()` returns the object."""
+        comm, envelope = self._take()
+        if envelope is None:
+            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
+        return comm._mrecv_object(envelope)
+
+    @classmethod
+    def Probe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None) -> Message:
+        """`comm.Mprobe(source, tag, status)`."""
+        return comm.Mprobe(source, tag, status)
+
+    @classmethod
+    def Iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> Message | None:
+        """`comm.Improbe(source, tag, status)`."""
+        return comm.Improbe(source, tag, status)
+
+    probe, iprobe = Probe, Iprobe
+
+    def free(self) -> None:
+        """Forget the message (it stays claimed)."""
+        self._comm = self._envelope = None
+
+    Free = free
+
+
+MESSAGE_NULL = Message()
+MESSAGE_NO_PROC = Message(PROC_NULL)   # from MPI.PROC_NULL: Mprobe returns a copy; receiving it gets nothing
+
+
 def _unsupported(feature: str):
     def method(self, *args: object, **kwargs: object) -> None:
         raise NotImplementedError(f"{feature} is not supported by the colls mpi4py facade")
@@ -40,9 +127,12 @@ def _unsupported(feature: str):
 def _fields(work: Any, source: int, tag: int, nbytes: int) -> tuple[int, int, int]:
     """(source, tag, bytes) of a completed receive: its envelope where the communicator gives one."""
     envelope = getattr(work, "status", None)
-    if envelope is None:
-        return source, tag, nbytes
-    return envelope.source, envelope.tag, envelope.nbytes
+    if envelope is not None:
+        return envelope.source, envelope.tag, envelope.nbytes
+    request = getattr(work, "_request", None)   # the transport's request: what it filled in
+    if request is not None:
+        return request.source, request.received_tag, request.count
+    return source, tag, nbytes
 
 
 class _Both:
@@ -129,7 +219,8 @@ class PointToPoint(ObjectMethods):
     def Isendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                           recvtag: int = ANY_TAG) -> Request:
         """Nonblocking Sendrecv_replace."""
-        return self.Isendrecv(self._replace(buf), dest, sendtag, buf, source, recvtag)
+        sendbuf = buf if dest == PROC_NULL else self._replace(buf)
+        return self.Isendrecv(sendbuf, dest, sendtag, buf, source, recvtag)
 
     def Sendrecv_replace(self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE,
                          recvtag: int = ANY_TAG, status: Status | None = None) -> None:

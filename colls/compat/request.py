@@ -18,6 +18,7 @@ import numpy as np
 from transports.errors import CollectiveTimeout
 
 from .datatypes import PREDEFINED, UNDEFINED, Datatype
+from .handles import HandleTable
 
 ANY_SOURCE = -2
 ANY_TAG = -1
@@ -117,6 +118,21 @@ class Status:
 StatusFields = tuple[int, int, int]
 _Some = tuple[list[int] | None, list[Any] | None]
 _NULL = object()   # Request(): a null request, as MPI.Request() is in mpi4py
+_table = HandleTable()
+
+
+class _Operation:
+    """What a request handle refers to; copies of a request (`Request(request)`) share it."""
+
+    __slots__ = ("work", "finish", "fields", "returns_object", "result", "pending", "null", "start",
+                 "__weakref__")
+
+    def __init__(self, work: Any, finish: Any, fields: Any, returns_object: bool, null: bool) -> None:
+        self.work, self.finish, self.fields, self.returns_object = work, finish, fields, returns_object
+        self.result: Any = None
+        self.pending = not null and (work is not None or finish is not None)
+        self.null = null
+        self.start: Callable[[], Request] | None = None   # a persistent request's: posts it again
 
 
 class Request:
@@ -124,66 +140,74 @@ class Request:
 
     Args:
         work: a colls `Work` (or one with `poll()`/`wait()`); None with no `finish`: already done
-            (an active request, true until waited for); left out: a null request.
+            (an active request, true until waited for); left out: a null request; a Request: a
+            copy of that handle.
         finish: runs once with the work's result when it completes (to copy blocks into place).
         status_fields: (source, tag, bytes) for the `Status`, or a callable giving them once done.
         returns_object: whether `wait()` returns the work's result (an object receive).
-
-    `MPI.Request()` with no argument is a null request, as in mpi4py; `Request(request)` copies.
     """
 
     def __init__(self, work: Any = _NULL, finish: Callable[[Any], None] | None = None,
                  status_fields: StatusFields | Callable[[], StatusFields] | None = None,
                  returns_object: bool = False) -> None:
         if isinstance(work, Request):
-            self.__dict__.update(work.__dict__)
+            self._op = work._op
             return
-        self._null = work is _NULL and finish is None and status_fields is None
-        work = None if work is _NULL else work
-        self._work = work
-        self._finish = finish
-        self._status_fields = status_fields
-        self._returns_object = returns_object
-        self._result: Any = None
-        self._pending = work is not None or finish is not None
+        null = work is _NULL and finish is None and status_fields is None
+        self._op = _Operation(None if work is _NULL else work, finish, status_fields, returns_object, null)
 
     def __bool__(self) -> bool:
-        return not self._null
+        return not self._op.null
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        if self._null or other._null:
-            return self._null and other._null
-        return self.__dict__ is other.__dict__ or self._work is other._work is not None
+        return self._op is other._op or (self._op.null and other._op.null)
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
-        return id(self)
+        return id(self._op)
 
     def __repr__(self) -> str:
-        state = "null" if self._null else ("pending" if self._pending else "complete")
+        op = self._op
+        state = "null" if op.null else ("pending" if op.pending else "complete")
         return f"<colls.compat.MPI.{type(self).__name__} {state}>"
+
+    # -- handles ---------------------------------------------------------------------------------
+
+    def toint(self) -> int:
+        """This handle as an int (`fromint` gives it back); 0 for a null request."""
+        return _table.number(None if self._op.null else self._op)
+
+    py2f = toint
+    handle = property(toint, doc="This handle as an int.")
+
+    @classmethod
+    def fromint(cls, number: int) -> Request:
+        """The request whose `toint()` was `number`."""
+        request = cls.__new__(cls)
+        op = _table.handle(number)
+        request._op = REQUEST_NULL._op if op is None else op
+        return request
+
+    f2py = fromhandle = fromint
 
     # -- one request -----------------------------------------------------------------------------
 
     @property
     def _active(self) -> bool:
-        """Whether a wait on this request has anything to complete (not null, not inactive)."""
-        return not self._null and (self._pending or not self._persistent_inactive())
-
-    def _persistent_inactive(self) -> bool:
-        return False
+        """Whether a wait has anything to complete (not null; not a persistent one left inactive)."""
+        op = self._op
+        return not op.null and (op.pending or op.start is None)
 
     def _poll(self) -> bool:
         """Drive progress once; whether the operation has completed (not yet concluded)."""
-        if not self._pending:
-            return True
-        work = self._work
-        if work is None:
+        op = self._op
+        work = op.work
+        if not op.pending or work is None:
             return True
         if hasattr(work, "poll"):
             return work.poll()
@@ -198,37 +222,38 @@ class Request:
         return False
 
     def _conclude(self) -> None:
-        """Finish a completed (or to be waited for) operation: run `finish`, keep the result."""
-        if self._pending:
-            result = self._work.wait() if self._work is not None else None
-            self._pending = False
-            if self._finish is not None:
-                finish, self._finish = self._finish, None
+        """Finish the operation (waiting if need be): run `finish`, keep the result."""
+        op = self._op
+        if op.pending:
+            result = op.work.wait() if op.work is not None else None
+            op.pending = False
+            if op.finish is not None:   # once per start
+                finish, op.finish = op.finish, None
                 finish(result)
-            self._result = result if self._returns_object else None
+            op.result = result if op.returns_object else None
 
     def _fill(self, status: Status | None) -> None:
         if status is None:
             return
-        fields = self._status_fields
-        if fields is None or self._null:
+        op = self._op
+        if op.fields is None or op.null:
             status._clear()
         else:
-            status._fill(*(fields() if callable(fields) else fields))
-
-    def _retire(self) -> Any:
-        """After completion: a plain request turns null; returns the result once."""
-        result, self._result = self._result, None
-        self._null = True
-        return result
+            status._fill(*(op.fields() if callable(op.fields) else op.fields))
 
     def _complete(self, status: Status | None) -> Any:
-        if self._null:
+        """Wait, fill `status`, and retire the request (null; a persistent one inactive)."""
+        op = self._op
+        if op.null:
             self._fill(status)
             return None
         self._conclude()
         self._fill(status)
-        return self._retire()
+        result, op.result = op.result, None
+        if op.start is None:
+            op.null = True
+            _table.forget(op)
+        return result
 
     def Wait(self, status: Status | None = None) -> bool:
         """Block until the operation completes (within its deadline); fills `status` for a receive."""
@@ -262,7 +287,8 @@ class Request:
 
     def Free(self) -> None:
         """Let the operation finish on its own; the request turns null."""
-        self._null = True
+        self._op.null = True
+        _table.forget(self._op)
 
     free = Free
 
@@ -275,26 +301,28 @@ class Request:
     # -- many requests ---------------------------------------------------------------------------
 
     @staticmethod
-    def _statuses(requests: Sequence[Request], statuses: Any) -> list[Status | None]:
-        """One status (or None) per request; a list given is extended with new Status objects."""
+    def _statuses(count: int, statuses: Any) -> list[Status | None]:
+        """`count` statuses (or Nones) from `statuses`; a list given is extended with new ones."""
         if statuses is None:
-            return [None] * len(requests)
+            return [None] * count
         if isinstance(statuses, list):
-            statuses.extend(Status() for _ in range(len(statuses), len(requests)))
-        return [statuses[i] if i < len(statuses) else None for i in range(len(requests))]
+            statuses.extend(Status() for _ in range(len(statuses), count))
+        return [statuses[i] if i < len(statuses) else None for i in range(count)]
 
     @staticmethod
-    def _until(done: Callable[[], bool], requests: Sequence[Request]) -> None:
-        """Poll until `done()`; each request's own deadline ends a wait that cannot complete."""
+    def _until(found: Callable[[], Any], requests: Sequence[Request]) -> Any:
+        """Poll until `found()` gives something other than None; a deadline ends the wait."""
         from colls.communicator import default_timeout
 
-        deadline, pause = time.monotonic() + default_timeout(), 0.0
-        while not done():
+        limit = default_timeout()
+        deadline, pause = time.monotonic() + limit, 0.0
+        while (result := found()) is None:
             if time.monotonic() > deadline:
                 raise CollectiveTimeout(f"Waitany/Waitsome: none of {len(requests)} requests completed "
-                                        f"in {default_timeout()} s")
+                                        f"in {limit} s")
             time.sleep(pause)
             pause = min(2 * pause + 1e-5, _POLL_PAUSE_S)
+        return result
 
     @staticmethod
     def Waitall(requests: Sequence[Request], statuses: Any = None) -> bool:
@@ -305,7 +333,7 @@ class Request:
     @staticmethod
     def waitall(requests: Sequence[Request], statuses: Any = None) -> list[Any]:
         """As `Waitall`; returns each request's object (None where it has none)."""
-        slots = Request._statuses(requests, statuses)
+        slots = Request._statuses(len(requests), statuses)
         return [request._complete(slot) for request, slot in zip(requests, slots, strict=True)]
 
     @staticmethod
@@ -323,22 +351,32 @@ class Request:
     @staticmethod
     def Get_status_all(requests: Sequence[Request], statuses: Any = None) -> bool:
         """Whether every request has completed, freeing none."""
-        slots = Request._statuses(requests, statuses)
-        flags = [request.Get_status(slot) for request, slot in zip(requests, slots, strict=True)]
-        return all(flags)
+        slots = Request._statuses(len(requests), statuses)
+        return all([request.Get_status(slot) for request, slot in zip(requests, slots, strict=True)])
 
     get_status_all = Get_status_all
 
     @staticmethod
     def _first_done(requests: Sequence[Request]) -> int | None:
-        """Index of a completed active request (one progress pass each), UNDEFINED if none is active."""
+        """Index of a completed active request (one progress pass each); UNDEFINED if none is
+        active; None if none has completed."""
         active = [index for index, request in enumerate(requests) if request._active]
         if not active:
             return UNDEFINED
-        for index in active:
-            if requests[index]._poll():
-                return index
-        return None
+        return next((index for index in active if requests[index]._poll()), None)
+
+    @staticmethod
+    def _any(requests: Sequence[Request], index: int | None, status: Status | None,
+             keep: bool = False) -> tuple[int, bool, Any]:
+        if index is None:
+            return UNDEFINED, False, None
+        if index == UNDEFINED:
+            if status is not None:
+                status._clear()
+            return UNDEFINED, True, None
+        if keep:
+            return index, requests[index].Get_status(status), None
+        return index, True, requests[index]._complete(status)
 
     @staticmethod
     def Waitany(requests: Sequence[Request], status: Status | None = None) -> int:
@@ -348,70 +386,42 @@ class Request:
     @staticmethod
     def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
         """As `Waitany`; (index, the request's object)."""
-        found: list[int | None] = [None]
-
-        def done() -> bool:
-            found[0] = Request._first_done(requests)
-            return found[0] is not None
-        Request._until(done, requests)
-        index = found[0]
-        if index == UNDEFINED:
-            if status is not None:
-                status._clear()
-            return UNDEFINED, None
-        return index, requests[index]._complete(status)
+        index = Request._until(lambda: Request._first_done(requests), requests)
+        index, _, obj = Request._any(requests, index, status)
+        return index, obj
 
     @staticmethod
     def Testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool]:
         """(index, True) for a completed request, (MPI.UNDEFINED, True) if none is active, else
         (MPI.UNDEFINED, False)."""
-        index, flag, _ = Request.testany(requests, status)
-        return index, flag
+        return Request.testany(requests, status)[:2]
 
     @staticmethod
     def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
         """As `Testany`, with the completed request's object."""
-        index = Request._first_done(requests)
-        if index is None:
-            return UNDEFINED, False, None
-        if index == UNDEFINED:
-            if status is not None:
-                status._clear()
-            return UNDEFINED, True, None
-        return index, True, requests[index]._complete(status)
+        return Request._any(requests, Request._first_done(requests), status)
 
     @staticmethod
     def Get_status_any(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool]:
         """As `Testany`, freeing nothing."""
-        index = Request._first_done(requests)
-        if index is None:
-            return UNDEFINED, False
-        if index == UNDEFINED:
-            if status is not None:
-                status._clear()
-            return UNDEFINED, True
-        requests[index].Get_status(status)
-        return index, True
+        return Request._any(requests, Request._first_done(requests), status, keep=True)[:2]
 
     get_status_any = Get_status_any
 
     @staticmethod
-    def _done_indices(requests: Sequence[Request]) -> list[int] | None:
+    def _done(requests: Sequence[Request]) -> list[int] | None:
+        """Indices of the completed active requests (one progress pass each); None if none is active."""
         active = [index for index, request in enumerate(requests) if request._active]
-        if not active:
-            return None
-        return [index for index in active if requests[index]._poll()]
+        return [index for index in active if requests[index]._poll()] if active else None
 
     @staticmethod
     def _some(requests: Sequence[Request], indices: list[int] | None, statuses: Any,
-              keep: bool = False) -> tuple[list[int] | None, list[Any] | None]:
+              keep: bool = False) -> _Some:
         if indices is None:
             return None, None
         if isinstance(statuses, list):
-            statuses[len(indices):] = []
-            statuses.extend(Status() for _ in range(len(statuses), len(indices)))
-        slots = [statuses[i] if statuses is not None and i < len(statuses) else None
-                 for i in range(len(indices))]
+            del statuses[len(indices):]
+        slots = Request._statuses(len(indices), statuses)
         if keep:
             return indices, [requests[i].Get_status(slot) for i, slot in zip(indices, slots, strict=True)]
         return indices, [requests[i]._complete(slot) for i, slot in zip(indices, slots, strict=True)]
@@ -425,13 +435,11 @@ class Request:
     @staticmethod
     def waitsome(requests: Sequence[Request], statuses: Any = None) -> _Some:
         """As `Waitsome`; (indices, their objects), or (None, None)."""
-        found: list[list[int] | None] = [None]
-
-        def done() -> bool:
-            found[0] = Request._done_indices(requests)
-            return found[0] is None or bool(found[0])
-        Request._until(done, requests)
-        return Request._some(requests, found[0], statuses)
+        def found() -> Any:
+            indices = Request._done(requests)
+            return _NULL if indices is None else (indices or None)
+        indices = Request._until(found, requests)
+        return Request._some(requests, None if indices is _NULL else indices, statuses)
 
     @staticmethod
     def Testsome(requests: Sequence[Request], statuses: Any = None) -> list[int] | None:
@@ -441,45 +449,42 @@ class Request:
     @staticmethod
     def testsome(requests: Sequence[Request], statuses: Any = None) -> _Some:
         """As `Testsome`; (indices, their objects), or (None, None)."""
-        return Request._some(requests, Request._done_indices(requests), statuses)
+        return Request._some(requests, Request._done(requests), statuses)
 
     @staticmethod
     def Get_status_some(requests: Sequence[Request], statuses: Any = None) -> list[int] | None:
         """As `Testsome`, freeing nothing."""
-        return Request._some(requests, Request._done_indices(requests), statuses, keep=True)[0]
+        return Request._some(requests, Request._done(requests), statuses, keep=True)[0]
 
     get_status_some = Get_status_some
 
 
 class Prequest(Request):
-    """A persistent request (`Send_init`, `Recv_init`): `Start` posts its operation again each time.
+    """A persistent request (`Send_init`, `Recv_init`): `Start` posts its operation again each time;
+    once complete it is inactive, not null, until `Free`.
 
     Args:
-        start: posts the operation; returns its (one-off) Request.
+        start: posts the operation and returns its one-off Request; a Prequest: a copy of that handle.
     """
 
-    def __init__(self, start: Callable[[], Request] | None = None) -> None:
-        super().__init__(None)
-        self._null = start is None
-        self._start = start
-        self._pending = False
-
-    def _persistent_inactive(self) -> bool:
-        return True
-
-    def _retire(self) -> Any:
-        result, self._result = self._result, None   # inactive, not null: Start may post it again
-        return result
+    def __init__(self, start: Callable[[], Request] | Request | None = None) -> None:
+        if isinstance(start, Request):
+            super().__init__(start)
+            return
+        super().__init__(None if start is not None else _NULL)
+        self._op.pending = False
+        self._op.start = start
 
     def Start(self) -> None:
         """Post the operation (the request must be inactive)."""
-        if self._null or self._start is None:
+        op = self._op
+        if op.null or op.start is None:
             raise ValueError("Prequest.Start: the request is null (freed)")
-        if self._pending:
+        if op.pending:
             raise ValueError("Prequest.Start: the request is still active; wait for it first")
-        posted = self._start()
-        self._work, self._finish, self._status_fields = posted._work, posted._finish, posted._status_fields
-        self._pending = True
+        posted = op.start()._op
+        op.work, op.finish, op.fields = posted.work, posted.finish, posted.fields
+        op.pending = True
 
     start = Start
 
@@ -493,90 +498,3 @@ class Prequest(Request):
 
 
 REQUEST_NULL = Request()
-
-
-class Message:
-    """A message claimed by `Mprobe`/`Improbe`: only `Recv`/`recv` of this object receives it.
-
-    Args:
-        comm: the facade communicator it was claimed on; or a Message to copy; None:
-            MPI.MESSAGE_NULL.
-        envelope: the transport's `Envelope` (source, tag, nbytes); None with a communicator:
-            a message from MPI.PROC_NULL (MPI.MESSAGE_NO_PROC), which receives nothing.
-    """
-
-    def __init__(self, comm: Any = None, envelope: Any = None) -> None:
-        if isinstance(comm, Message):
-            comm, envelope = comm._comm, comm._envelope
-        self._comm = comm
-        self._envelope = envelope
-
-    def __bool__(self) -> bool:
-        return self._comm is not None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Message):
-            return NotImplemented
-        if self._comm is None or other._comm is None:
-            return self._comm is other._comm
-        return self._envelope is other._envelope   # None for both: MESSAGE_NO_PROC
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    def __hash__(self) -> int:
-        return id(self._envelope)
-
-    def _take(self) -> tuple[Any, Any]:
-        if self._comm is None:
-            raise ValueError("Message: MPI.MESSAGE_NULL cannot be received")
-        comm, envelope = self._comm, self._envelope
-        self._comm = self._envelope = None   # received once: now MESSAGE_NULL
-        return comm, envelope
-
-    def Recv(self, buf: Any, status: Status | None = None) -> None:
-        """Receive the message into `buf` (larger than the message is fine)."""
-        self.Irecv(buf).Wait(status)
-
-    def Irecv(self, buf: Any) -> Request:
-        """Nonblocking Recv."""
-        comm, envelope = self._take()
-        if envelope is None:
-            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0))
-        return comm._mrecv_buffer(buf, envelope)
-
-    def recv(self, status: Status | None = None) -> Any:
-        """Receive the message's object."""
-        return self.irecv().wait(status)
-
-    def irecv(self) -> Request:
-        """Nonblocking recv: the request's `wait()` returns the object."""
-        comm, envelope = self._take()
-        if envelope is None:
-            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
-        return comm._mrecv_object(envelope)
-
-    @classmethod
-    def Probe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-              status: Status | None = None) -> Message:
-        """`comm.Mprobe(source, tag, status)`."""
-        return comm.Mprobe(source, tag, status)
-
-    @classmethod
-    def Iprobe(cls, comm: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-               status: Status | None = None) -> Message | None:
-        """`comm.Improbe(source, tag, status)`."""
-        return comm.Improbe(source, tag, status)
-
-    probe, iprobe = Probe, Iprobe
-
-    def free(self) -> None:
-        """Forget the message (it stays claimed)."""
-        self._comm = self._envelope = None
-
-    Free = free
-
-
-MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message(PROC_NULL)   # from MPI.PROC_NULL: Mprobe returns a copy; receiving it gets nothing
