@@ -13,6 +13,7 @@ import socket
 import time
 
 from . import datatypes as _datatypes
+from . import dlpack as _dlpack
 from .buffers import BOTTOM, IN_PLACE
 from .comm import (
     COMM_NULL,
@@ -50,6 +51,7 @@ from .p2p import BSEND_OVERHEAD, MESSAGE_NO_PROC, MESSAGE_NULL, Attach_buffer, D
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Prequest, Request, Status
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
+globals().update(_datatypes.CONSTANTS)   # MPI.COMBINER_*, MPI.ORDER_C, MPI.DISTRIBUTE_*, MPI.TYPECLASS_*
 INT_INT = _datatypes.PREDEFINED["TWOINT"]
 TypeDict = dict(_datatypes.TYPE_DICT)
 
@@ -138,9 +140,18 @@ def Wtick() -> float:
 
 
 def Get_address(location: object) -> int:
-    """Not supported: absolute addresses are for derived datatypes."""
-    raise NotImplementedError("MPI.Get_address (absolute addresses for derived datatypes) is not "
-                              "supported by the colls mpi4py facade")
+    """The address of a buffer's first byte, for displacements from MPI.BOTTOM."""
+    return _dlpack.address_of(location)
+
+
+def Aint_add(base: int, disp: int) -> int:
+    """base + disp (addresses are plain integers)."""
+    return int(base) + int(disp)
+
+
+def Aint_diff(addr1: int, addr2: int) -> int:
+    """addr1 - addr2."""
+    return int(addr1) - int(addr2)
 
 
 def _refuse(cls, *args: object, **kwargs: object) -> None:

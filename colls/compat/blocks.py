@@ -8,13 +8,13 @@ reductions move elements of the datatype through the operator it maps to.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import buffers
-from .buffers import is_in_place, simple
+from .buffers import Message, is_in_place, simple
 from .ops import SUM, Op
 from .request import Request
 
@@ -22,14 +22,20 @@ if TYPE_CHECKING:
     from colls.communicator import Communicator
 
 
-def _begin(nonblocking: bool, call: Callable[[bool], Any],
-           finish: Callable[[Any], None] | None = None) -> Request | None:
-    """Make the colls call (async when nonblocking); finish now, or hand both to a Request."""
+def _begin(nonblocking: bool, call: Callable[[bool], Any], finish: Callable[[Any], None] | None = None,
+           landed: Sequence[Message] = ()) -> Request | None:
+    """Make the colls call (async when nonblocking); once it completes, run `finish` and unpack the
+    receiving messages (`Message.received`): now, or when the Request completes."""
+    def done(result: Any) -> None:
+        if finish is not None:
+            finish(result)
+        for message in landed:
+            message.received()
+
     result = call(nonblocking)
     if nonblocking:
-        return Request(result, finish)
-    if finish is not None:
-        finish(result)
+        return Request(result, done)
+    done(result)
     return None
 
 
@@ -46,46 +52,50 @@ class BlockCollectives:
 
     def _bcast(self, buf, root: int, nonblocking: bool) -> Request | None:
         comm = self._comm
-        data = simple(buf, writable=comm.rank != root).data()
+        message = simple(buf, writable=comm.rank != root)
+        data = message.data()
         out = _writable_or_none(data)
-        return _begin(nonblocking, lambda a: comm.broadcast(data, root, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.broadcast(data, root, out=out, async_op=a),
+                      landed=[message])
 
     def _gather(self, sendbuf, recvbuf, root: int, nonblocking: bool) -> Request | None:
         comm = self._comm
-        out = None
+        out, landed = None, []
         if comm.rank == root:
             received = simple(recvbuf, writable=True, blocks=comm.size)
-            out = received.data(comm.size)
             send = (received.block(root).copy() if is_in_place(sendbuf)
                     else simple(sendbuf, writable=False).data())
+            out, landed = received.data(comm.size), [received]
         else:
             send = simple(sendbuf, writable=False).data()
-        return _begin(nonblocking, lambda a: comm.gather(send, root, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.gather(send, root, out=out, async_op=a), landed=landed)
 
     def _scatter(self, sendbuf, recvbuf, root: int, nonblocking: bool) -> Request | None:
         comm = self._comm
         send = out = None
+        landed = []
         if comm.rank == root:
             send = simple(sendbuf, writable=False, blocks=comm.size).data(comm.size)
-            if not is_in_place(recvbuf):
-                out = simple(recvbuf, writable=True).data()
-        else:
-            out = simple(recvbuf, writable=True).data()
-        return _begin(nonblocking, lambda a: comm.scatter(send, root, out=out, async_op=a))
+        if comm.rank != root or not is_in_place(recvbuf):
+            received = simple(recvbuf, writable=True)
+            out, landed = received.data(), [received]
+        return _begin(nonblocking, lambda a: comm.scatter(send, root, out=out, async_op=a), landed=landed)
 
     def _allgather(self, sendbuf, recvbuf, nonblocking: bool) -> Request | None:
         comm = self._comm
         received = simple(recvbuf, writable=True, blocks=comm.size)
+        send = (received.block(comm.rank).copy() if is_in_place(sendbuf)
+                else simple(sendbuf, writable=False).data())
         out = received.data(comm.size)
-        send = received.block(comm.rank) if is_in_place(sendbuf) else simple(sendbuf, writable=False).data()
-        return _begin(nonblocking, lambda a: comm.all_gather(send, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.all_gather(send, out=out, async_op=a), landed=[received])
 
     def _alltoall(self, sendbuf, recvbuf, nonblocking: bool) -> Request | None:
         comm = self._comm
-        out = simple(recvbuf, writable=True, blocks=comm.size).data(comm.size)
+        received = simple(recvbuf, writable=True, blocks=comm.size)
+        out = received.data(comm.size)
         send = out if is_in_place(sendbuf) else simple(sendbuf, writable=False,
                                                        blocks=comm.size).data(comm.size)
-        return _begin(nonblocking, lambda a: comm.all_to_all(send, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.all_to_all(send, out=out, async_op=a), landed=[received])
 
     def _allgatherv(self, sendbuf, recvbuf, nonblocking: bool) -> Request | None:
         """Every rank knows every count: all-gather blocks padded to the largest, then unpad."""
@@ -106,16 +116,16 @@ class BlockCollectives:
                 block = received.block(rank)
                 block[...] = gathered[rank * widest:rank * widest + block.size]
 
-        return _begin(nonblocking, lambda a: comm.all_gather(padded, async_op=a), finish)
+        return _begin(nonblocking, lambda a: comm.all_gather(padded, async_op=a), finish, [received])
 
     # -- reductions ------------------------------------------------------------------------------
 
     def _reduce(self, sendbuf, recvbuf, op: Op, root: int, nonblocking: bool) -> Request | None:
         comm = self._comm
-        out = None
+        out, landed = None, []
         if comm.rank == root:
             received = simple(recvbuf, writable=True)
-            out = received.typed()
+            out, landed = received.typed(), [received]
             datatype = received.datatype
             if is_in_place(sendbuf):
                 x = out
@@ -127,7 +137,8 @@ class BlockCollectives:
             sent = simple(sendbuf, writable=False)
             datatype, x = sent.datatype, sent.typed()
         colls_op = op.for_datatype(datatype)
-        return _begin(nonblocking, lambda a: comm.reduce(x, root, op=colls_op, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.reduce(x, root, op=colls_op, out=out, async_op=a),
+                      landed=landed)
 
     def _allreduce(self, sendbuf, recvbuf, op: Op, nonblocking: bool) -> Request | None:
         comm = self._comm
@@ -140,7 +151,8 @@ class BlockCollectives:
             buffers.same_shape(sent, received, "Allreduce")
             x = sent.typed()
         colls_op = op.for_datatype(received.datatype)
-        return _begin(nonblocking, lambda a: comm.all_reduce(x, op=colls_op, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.all_reduce(x, op=colls_op, out=out, async_op=a),
+                      landed=[received])
 
     def _reduce_scatter_block(self, sendbuf, recvbuf, op: Op, nonblocking: bool) -> Request | None:
         comm = self._comm
@@ -153,7 +165,8 @@ class BlockCollectives:
             buffers.same_shape(sent, received, "Reduce_scatter_block")
             x, out = sent.typed(comm.size), received.typed()
         colls_op = op.for_datatype(received.datatype)
-        return _begin(nonblocking, lambda a: comm.reduce_scatter(x, op=colls_op, out=out, async_op=a))
+        return _begin(nonblocking, lambda a: comm.reduce_scatter(x, op=colls_op, out=out, async_op=a),
+                      landed=[received])
 
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op: Op, nonblocking: bool) -> Request | None:
         """Uneven blocks: reduce-scatter blocks padded to the largest count, then keep this rank's part."""
@@ -165,33 +178,36 @@ class BlockCollectives:
             x = received.typed()
         else:
             sent = simple(sendbuf, writable=False)
-            if sent.datatype.dtype != received.datatype.dtype:
+            if sent.datatype != received.datatype and sent.datatype.basic != received.datatype.basic:
                 raise ValueError("Reduce_scatter: mismatch in send and receive MPI datatypes")
             x = sent.typed()
+        per = received.datatype.size // received.datatype.basic.itemsize   # basic elements per element
         if recvcounts is None:   # every rank's receive count, as mpi4py gathers them
             recvcounts = comm.all_gather(np.array([received.count], np.int64)).tolist()
         counts = [int(c) for c in recvcounts]
         if len(counts) != comm.size:
             raise ValueError(f"Reduce_scatter: expecting {comm.size} counts, got {len(counts)}")
-        if x.size != sum(counts):
-            raise ValueError(f"Reduce_scatter: mismatch in send count {x.size} and sum(counts) {sum(counts)}")
+        if x.size != sum(counts) * per:
+            raise ValueError(f"Reduce_scatter: mismatch in send count {x.size // per} and sum(counts) "
+                             f"{sum(counts)}")
         mine = counts[comm.rank]
         if not is_in_place(sendbuf) and received.count != mine:
             raise ValueError(f"Reduce_scatter: mismatch in receive count {received.count} and "
                              f"counts[{comm.rank}] {mine}")
-        widest = max(counts)
+        widest = max(counts) * per
         padded = np.zeros((comm.size, widest), x.dtype)
         start = 0
         for rank, count in enumerate(counts):
-            padded[rank, :count] = x[start:start + count]
-            start += count
+            padded[rank, :count * per] = x[start:start + count * per]
+            start += count * per
         colls_op = op.for_datatype(received.datatype)
-        out = received.typed()[:mine] if is_in_place(sendbuf) else received.typed()
+        out = received.typed()[:mine * per] if is_in_place(sendbuf) else received.typed()
 
         def finish(block: np.ndarray) -> None:
-            out[...] = block[0, :mine]
+            out[...] = block[0, :mine * per]
 
-        return _begin(nonblocking, lambda a: comm.reduce_scatter(padded, op=colls_op, async_op=a), finish)
+        return _begin(nonblocking, lambda a: comm.reduce_scatter(padded, op=colls_op, async_op=a), finish,
+                      [received])
 
     # -- the mpi4py names ------------------------------------------------------------------------
 

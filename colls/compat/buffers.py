@@ -10,13 +10,15 @@ counts are inferred from the buffer's length when omitted.
 
 from __future__ import annotations
 
+import ctypes
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import dlpack
 from .datatypes import Datatype, for_dtype, lookup
+from .typemap import Layout
 
 
 class _Constant:
@@ -45,8 +47,7 @@ def raw_bytes(buf: object, writable: bool) -> tuple[np.ndarray, Datatype | None]
     if isinstance(buf, np.ndarray):
         array = buf
     elif hasattr(buf, "__cuda_array_interface__") and not _has_buffer(buf):
-        raise NotImplementedError("device (GPU) buffers (__cuda_array_interface__) are not supported by "
-                                  "the colls mpi4py facade: pass host memory")
+        array = dlpack.cuda_array(buf)
     elif _has_buffer(buf):
         view = memoryview(buf)
         if not view.c_contiguous:
@@ -123,7 +124,13 @@ class Message:
     """Where one rank's data lies: bytes of a buffer, the datatype, and element counts/offsets.
 
     `count`/`displ` for a simple message (count per block for the block collectives); `counts`/
-    `displs` (per rank) for a vector one. Offsets and counts are in elements of `datatype`.
+    `displs` (per rank) for a vector one. Offsets and counts are in elements of `datatype`;
+    `origin` is the byte position, in the datatype's coordinates, of `raw[0]` (0 for a buffer, the
+    absolute address of `raw[0]` for MPI.BOTTOM, minus a byte displacement for Alltoallw).
+
+    The spans it hands out (`data`, `block`, `typed`) are the packed bytes of the elements: views
+    of `raw` where the datatype lays them out contiguously; otherwise copies (packed from `raw`,
+    so they also serve as sources), which `received()` unpacks into `raw` once data has landed.
     """
 
     raw: np.ndarray
@@ -132,34 +139,74 @@ class Message:
     displ: int = 0
     counts: tuple[int, ...] = ()
     displs: tuple[int, ...] = ()
+    writable: bool = False
+    origin: int = 0
+    _landing: list = field(default_factory=list, compare=False, repr=False)
 
     def received(self) -> None:
-        """Call once a receive into `data()` has completed: a no-op for a contiguous buffer (the
-        bytes landed in the caller's memory); where the message's datatype is not contiguous, this
-        is where the landing buffer is unpacked into it."""
+        """Call once a receive into `data()` (or `block()`, `typed()`) has completed: a no-op for a
+        contiguous layout (the bytes landed in the caller's memory); otherwise this unpacks every
+        landing buffer handed out, in the order they were handed out."""
+        while self._landing:
+            layout, window, packed = self._landing.pop(0)
+            layout.unpack(window, packed)
+
+    def window(self, start: int, count: int) -> tuple[Layout, np.ndarray]:
+        """(layout, the bytes of `raw` that `count` elements from element `start` span), checked."""
+        layout = self.datatype.layout(count)
+        begin = start * self.datatype.extent + layout.lo - self.origin
+        end = begin + layout.hi - layout.lo
+        if layout.size and (begin < 0 or end > self.raw.size):
+            name = self.datatype.Get_name() or "a derived datatype"
+            raise ValueError(f"message: {count} elements of {name} from element {start} need bytes "
+                             f"[{begin}, {end}) of the buffer; it has {self.raw.size}")
+        return layout, self.raw[max(begin, 0):max(end, 0)]
 
     def span(self, start: int, count: int) -> np.ndarray:
-        """Bytes of `count` elements from element `start`, checked against the buffer's end."""
-        extent = self.datatype.extent
-        end = (start + count) * extent
-        if count and end > self.raw.size:
-            raise ValueError(f"message: {count} elements of {self.datatype.Get_name()} from element "
-                             f"{start} need {end} bytes; the buffer has {self.raw.size}")
-        return self.raw[start * extent:end]
+        """Packed bytes of `count` elements from element `start` (see the class docstring)."""
+        layout, window = self.window(start, count)
+        if layout.index is None:
+            return window
+        packed = layout.pack(window)
+        if self.writable:
+            self._landing.append((layout, window, packed))
+        return packed
 
     def data(self, blocks: int = 1) -> np.ndarray:
         """The bytes of `blocks` consecutive blocks of `count` elements, from `displ`."""
         return self.span(self.displ, self.count * blocks)
 
     def typed(self, blocks: int = 1) -> np.ndarray:
-        """`data(blocks)` as elements of the datatype (for reductions)."""
-        return self.data(blocks).view(self.datatype.dtype)
+        """`data(blocks)` as elements of the datatype's basic type (for reductions)."""
+        return self.data(blocks).view(self.datatype.basic)
 
     def block(self, rank: int) -> np.ndarray:
         """Bytes of rank `rank`'s block: block `rank` of a simple message, or its (count, displ)."""
         if self.counts:
             return self.span(self.displs[rank], self.counts[rank])
         return self.span(self.displ + rank * self.count, self.count)
+
+
+def at_bottom(datatype: Datatype, ranges: list[tuple[int, int]], writable: bool) -> tuple[np.ndarray, int]:
+    """(bytes of memory at absolute addresses, the address of the first) covering every
+    (start element, count) of `datatype` addressed from MPI.BOTTOM."""
+    spans = []
+    for start, count in ranges:
+        layout = datatype.layout(count)
+        if layout.size:
+            spans.append((start * datatype.extent + layout.lo, start * datatype.extent + layout.hi))
+    return memory_at(spans)
+
+
+def memory_at(spans: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
+    """Bytes of this process's memory covering every [begin, end) address of `spans` (absolute
+    addresses, as MPI.Get_address gives them); (empty, 0) if there are none."""
+    if not spans:
+        return np.empty(0, np.uint8), 0
+    low, high = min(b for b, _ in spans), max(e for _, e in spans)
+    if low <= 0:
+        raise ValueError(f"message: address {low} from MPI.BOTTOM is not a valid address")
+    return np.ctypeslib.as_array((ctypes.c_uint8 * (high - low)).from_address(low)), low
 
 
 def _datatype(given: object, implied: Datatype | None) -> Datatype:
@@ -172,6 +219,9 @@ def _datatype(given: object, implied: Datatype | None) -> Datatype:
 
 
 def _elements(raw: np.ndarray, datatype: Datatype, skip: int = 0) -> int:
+    if datatype.extent <= 0:
+        raise ValueError(f"message: cannot infer count from a datatype of extent {datatype.extent}; "
+                         "pass [buf, count, datatype]")
     length = raw.size - skip * datatype.extent
     if length % datatype.extent:
         raise ValueError(f"message: cannot infer count, buffer length {length} is not a multiple of "
@@ -187,6 +237,8 @@ def simple(msg: object, writable: bool, blocks: int = 0) -> Message:
     displ = 0 if displ is None else operator.index(displ)
     if displ < 0:
         raise ValueError(f"message: negative displacement {displ}")
+    if buf is BOTTOM and count is None:
+        raise ValueError("message: a count is needed with MPI.BOTTOM")
     if count is None:
         total = _elements(raw, datatype, displ)
         if blocks > 1 and total % blocks:
@@ -196,8 +248,11 @@ def simple(msg: object, writable: bool, blocks: int = 0) -> Message:
     count = operator.index(count)
     if count < 0:
         raise ValueError(f"message: negative count {count}")
-    message = Message(raw, datatype, count, displ)
-    message.data(max(blocks, 1))   # bounds check now, before any rank starts moving data
+    origin = 0
+    if buf is BOTTOM:
+        raw, origin = at_bottom(datatype, [(displ, count * max(blocks, 1))], writable)
+    message = Message(raw, datatype, count, displ, writable=writable, origin=origin)
+    message.window(displ, count * max(blocks, 1))   # bounds check now, before any rank moves data
     return message
 
 
@@ -222,15 +277,20 @@ def vector(msg: object, writable: bool, blocks: int) -> Message:
                          f"and {len(displs)}")
     if any(c < 0 for c in counts) or any(d < 0 for d in displs):
         raise ValueError("message: negative count or displacement")
-    message = Message(raw, datatype, counts=tuple(counts), displs=tuple(displs))
+    origin = 0
+    if buf is BOTTOM:
+        raw, origin = at_bottom(datatype, list(zip(displs, counts, strict=True)), writable)
+    message = Message(raw, datatype, counts=tuple(counts), displs=tuple(displs), writable=writable,
+                      origin=origin)
     for rank in range(blocks):
-        message.block(rank)   # bounds check
+        message.window(displs[rank], counts[rank])   # bounds check
     return message
 
 
 def same_shape(send: Message, recv: Message, what: str) -> None:
     """Reductions need equal counts and datatypes on both sides (mpi4py's `chk_cro_args`)."""
-    if send.datatype is not recv.datatype and send.datatype.dtype != recv.datatype.dtype:
+    if send.datatype != recv.datatype and (send.datatype.dtype is None
+                                           or send.datatype.dtype != recv.datatype.dtype):
         raise ValueError(f"{what}: mismatch in send and receive MPI datatypes")
     if send.count != recv.count:
         raise ValueError(f"{what}: mismatch in send count {send.count} and receive count {recv.count}")

@@ -1,4 +1,10 @@
-"""Host buffers exported through DLPack (`__dlpack__`), read the way mpi4py reads them.
+"""Foreign buffers: DLPack (`__dlpack__`) and CUDA array interface (`__cuda_array_interface__`)
+exporters, read the way mpi4py reads them.
+
+Host memory is used as it is (numpy views of the exporter's memory). A `__cuda_array_interface__`
+pointer is host memory unless the CUDA driver says it is device memory: where no CUDA driver can be
+loaded, or it has no context in this process, no pointer can be device memory. Device memory is
+refused with a clear error (colls' transports move host memory).
 
 mpi4py (asdlpack.pxi) takes the capsule's tensor pointer and keeps the capsule alive as the owner,
 without consuming it; `numpy.from_dlpack` consumes it instead and later calls the producer's deleter,
@@ -88,3 +94,91 @@ def host_array(obj: object) -> np.ndarray:
     if readonly:
         array.flags.writeable = False
     return array
+
+
+CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_UNIFIED = 2, 3, 4
+_driver: list = []   # [the CUDA driver library or None], loaded on first use
+
+
+def _cuda_driver() -> ctypes.CDLL | None:
+    if not _driver:
+        try:
+            _driver.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError:
+            _driver.append(None)
+    return _driver[0]
+
+
+def is_device_pointer(address: int) -> bool:
+    """Whether `address` is CUDA device (or array) memory of this process, by the CUDA driver."""
+    driver = _cuda_driver()
+    if driver is None:
+        return False
+    kind = ctypes.c_uint(0)
+    status = driver.cuPointerGetAttribute(ctypes.byref(kind), CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                          ctypes.c_uint64(address))
+    return status == 0 and kind.value in (CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY)
+
+
+def cuda_array(obj: object) -> np.ndarray:
+    """A 1-D numpy view of the host memory an object exports through `__cuda_array_interface__`.
+
+    Args:
+        obj: the exporter (mpi4py's FakeGPUArray backends, CuPy/Numba arrays of host memory).
+
+    Returns:
+        The elements, read-only where the interface says so.
+
+    Raises:
+        BufferError: not C-contiguous, or a masked array.
+        NotImplementedError: the pointer is device memory.
+    """
+    interface = obj.__cuda_array_interface__   # type: ignore[attr-defined]
+    address, readonly = interface["data"]
+    dtype = np.dtype(interface["typestr"])
+    shape = tuple(int(n) for n in interface["shape"])
+    if interface.get("mask") is not None:
+        raise BufferError("__cuda_array_interface__: masked arrays are not supported")
+    count = int(np.prod(shape, dtype=np.int64))
+    strides = interface.get("strides")
+    if strides is not None and count > 1:
+        expected = dtype.itemsize
+        for axis in reversed(range(len(shape))):
+            if shape[axis] > 1 and strides[axis] != expected:
+                raise BufferError("__cuda_array_interface__: the buffer is not C-contiguous")
+            expected *= shape[axis]
+    if count == 0 or not address:
+        return np.empty(0, dtype)
+    if is_device_pointer(address):
+        raise NotImplementedError("device (GPU) memory behind __cuda_array_interface__ is not supported by "
+                                  "the colls mpi4py facade: colls moves host memory (copy to the host first)")
+    holder = (ctypes.c_char * (count * dtype.itemsize)).from_address(address)
+    holder._exporter = obj   # keep the exporter (the memory's owner) alive as long as the array
+    array = np.frombuffer(holder, dtype)
+    if readonly:
+        array.flags.writeable = False
+    return array
+
+
+def address_of(obj: object) -> int:
+    """The address of the first byte of a buffer, DLPack or `__cuda_array_interface__` object.
+
+    Raises:
+        TypeError: `obj` exposes no memory.
+    """
+    if hasattr(obj, "__cuda_array_interface__"):
+        return int(obj.__cuda_array_interface__["data"][0])   # type: ignore[attr-defined]
+    if isinstance(obj, np.ndarray):
+        return int(obj.__array_interface__["data"][0])
+    try:
+        view = memoryview(obj)   # type: ignore[arg-type]
+    except TypeError:
+        if hasattr(obj, "__dlpack__"):
+            array = host_array(obj)
+            return int(array.__array_interface__["data"][0]) if array.size else 0
+        raise TypeError(f"Get_address: expecting a buffer, got {type(obj).__name__}") from None
+    if view.nbytes == 0:
+        return 0
+    return int(np.frombuffer(view.cast("B") if view.c_contiguous else view, np.uint8)
+               .__array_interface__["data"][0])

@@ -38,8 +38,9 @@ def _root(comm: Communicator, root: object, what: str) -> int:
     return int(root)
 
 
-def _w_blocks(msg: object, writable: bool, size: int) -> list[np.ndarray]:
-    """Per-rank byte spans of an Alltoallw message: (buf, (counts, byte displs), types) and kin."""
+def _w_messages(msg: object, writable: bool, size: int) -> list[buffers.Message]:
+    """One message per peer of an Alltoallw message: (buf, (counts, byte displs), types) and kin;
+    from MPI.BOTTOM, the displacements and datatypes hold absolute addresses."""
     if not isinstance(msg, (list, tuple)) or not 2 <= len(msg) <= 4:
         raise ValueError("Alltoallw: expecting (buffer, types), (buffer, (counts, displs), types) or "
                          "(buffer, counts, displs, types)")
@@ -50,20 +51,29 @@ def _w_blocks(msg: object, writable: bool, size: int) -> list[np.ndarray]:
         buf, (counts, displs), types = msg
     else:
         buf, counts, displs, types = msg
-    if buf is BOTTOM:
-        raise NotImplementedError("MPI.BOTTOM with absolute addresses (derived datatypes) is not supported "
-                                  "by the colls mpi4py facade")
-    raw, _ = buffers.raw_bytes(buf, writable)
     if isinstance(types, (Datatype, str)):
         types = [types] * size
     datatypes = [lookup(t) for t in types]
-    blocks = []
-    for rank in range(size):
-        start, end = int(displs[rank]), int(displs[rank]) + int(counts[rank]) * datatypes[rank].extent
-        if end > raw.size and end > start:
-            raise ValueError(f"Alltoallw: block {rank} ends at byte {end}; the buffer has {raw.size}")
-        blocks.append(raw[start:end])
-    return blocks
+    counts, displs = [int(c) for c in counts], [int(d) for d in displs]
+    if not len(counts) == len(displs) == len(datatypes) == size:
+        raise ValueError(f"Alltoallw: expecting {size} counts, displacements and datatypes")
+    if buf is BOTTOM:
+        spans = []
+        for count, displ, datatype in zip(counts, displs, datatypes, strict=True):
+            layout = datatype.layout(count)
+            if layout.size:
+                spans.append((displ + layout.lo, displ + layout.hi))
+        raw, origin = buffers.memory_at(spans)
+    else:
+        raw, origin = buffers.raw_bytes(buf, writable)[0], 0
+    messages = [buffers.Message(raw, datatype, count, writable=writable, origin=origin - displ)
+                for count, displ, datatype in zip(counts, displs, datatypes, strict=True)]
+    for rank, message in enumerate(messages):
+        try:
+            message.window(0, message.count)
+        except ValueError as error:
+            raise ValueError(f"Alltoallw: block {rank}: {error}") from None
+    return messages
 
 
 class ScheduledCollectives:
@@ -75,8 +85,10 @@ class ScheduledCollectives:
         self._comm.synchronize()
         return self._comm.channel(what)
 
-    def _exchange_blocks(self, what: str, send: list[np.ndarray], recv: list[np.ndarray]) -> None:
-        """Block i of `send` goes to rank i, block j of `recv` comes from rank j (empty ones skipped)."""
+    def _exchange_blocks(self, what: str, send: list[np.ndarray], recv: list[np.ndarray],
+                         landed: list[buffers.Message]) -> None:
+        """Block i of `send` goes to rank i, block j of `recv` comes from rank j (empty ones skipped);
+        then the messages `recv` lies in are unpacked."""
         comm = self._comm
         _check_same(send[comm.rank], recv[comm.rank], what, comm.rank)   # before any byte moves
         channel = self._channel(what)
@@ -86,6 +98,8 @@ class ScheduledCollectives:
                      if peer != comm.rank and send[peer].size]
         recv[comm.rank][...] = send[comm.rank]
         channel.wait(*requests)
+        for message in landed:
+            message.received()
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather blocks of per-rank counts into the root's buffer at per-rank displacements."""
@@ -101,6 +115,7 @@ class ScheduledCollectives:
                         if rank != root and blocks[rank].size]
             blocks[root][...] = mine
             channel.wait(*requests)
+            received.received()
         else:
             data = simple(sendbuf, writable=False).data()
             channel = self._channel("Gatherv")
@@ -114,7 +129,8 @@ class ScheduledCollectives:
         if comm.rank == root:
             sent = vector(sendbuf, writable=False, blocks=comm.size)
             blocks = [sent.block(rank) for rank in range(comm.size)]
-            mine = None if is_in_place(recvbuf) else simple(recvbuf, writable=True).data()
+            received = None if is_in_place(recvbuf) else simple(recvbuf, writable=True)
+            mine = None if received is None else received.data()
             if mine is not None:
                 _check_same(blocks[root], mine, "Scatterv", root)   # before any byte moves
             channel = self._channel("Scatterv")
@@ -124,29 +140,35 @@ class ScheduledCollectives:
                 mine[...] = blocks[root]
             channel.wait(*requests)
         else:
-            data = simple(recvbuf, writable=True).data()
+            received = simple(recvbuf, writable=True)
+            data = received.data()
             channel = self._channel("Scatterv")
             if data.size:
                 channel.wait(channel.recv(data, root))
+        if received is not None:
+            received.received()
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
         """All-to-all with per-peer counts and displacements on both sides."""
         size = self._comm.size
         received = vector(recvbuf, writable=True, blocks=size)
-        sent = (replace(received, raw=received.raw.copy()) if is_in_place(sendbuf)
-                else vector(sendbuf, writable=False, blocks=size))
+        if is_in_place(sendbuf):
+            sent = replace(received, raw=received.raw.copy(), writable=False, _landing=[])
+        else:
+            sent = vector(sendbuf, writable=False, blocks=size)
         self._exchange_blocks("Alltoallv", [sent.block(r) for r in range(size)],
-                              [received.block(r) for r in range(size)])
+                              [received.block(r) for r in range(size)], [received])
 
     def Alltoallw(self, sendbuf, recvbuf) -> None:
-        """All-to-all with per-peer counts, byte displacements and (predefined) datatypes."""
+        """All-to-all with per-peer counts, byte displacements and datatypes."""
         size = self._comm.size
-        recv = _w_blocks(recvbuf, True, size)
+        received = _w_messages(recvbuf, True, size)
+        recv = [message.data() for message in received]
         if is_in_place(sendbuf):
             send = [block.copy() for block in recv]
         else:
-            send = _w_blocks(sendbuf, False, size)
-        self._exchange_blocks("Alltoallw", send, recv)
+            send = [message.data() for message in _w_messages(sendbuf, False, size)]
+        self._exchange_blocks("Alltoallw", send, recv, received)
 
     def _prefix(self, sendbuf, recvbuf, op: Op, exclusive: bool) -> None:
         """Inclusive (Scan) or exclusive (Exscan) prefix reduction by recursive doubling."""
@@ -184,6 +206,7 @@ class ScheduledCollectives:
                 else:
                     colls_op.into_left(partial, incoming)
             mask <<= 1
+        received.received()
 
     def Scan(self, sendbuf, recvbuf, op: Op = SUM) -> None:
         """Rank i gets the reduction of ranks 0..i."""
