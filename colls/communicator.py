@@ -9,6 +9,7 @@ call or a persistent request's `start()`.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +25,10 @@ from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 from . import config, fingerprint
 from .collectives import Collectives, Result
 from .describe import CACHED_SIGNATURES, CallName, Description, Validator, fixed_op, seconds
-from .device import is_cupy
-from .executor import Executor, RequestWork
+from .executor import Executor
 from .hierarchy import Layout, Levels, build_levels, discover
 from .objects import ObjectCollectives
+from .p2p import PointToPoint
 from .selection import Selector
 from .trace import Tracer
 
@@ -42,8 +43,13 @@ def default_timeout() -> float:
     return given
 
 
-class Communicator(Collectives, ObjectCollectives):
-    """A group of `size` ranks; this object is rank `rank`'s end of it."""
+class Communicator(Collectives, ObjectCollectives, PointToPoint):
+    """A group of `size` ranks; this object is rank `rank`'s end of it.
+
+    Several threads may use one communicator at once: point-to-point calls with tags of their own
+    (over local, shm and mpi), beside collectives, which run one at a time in issue order (two
+    threads that both make collectives must agree on their order with the other ranks, as in MPI).
+    """
 
     def __init__(self, transport: Transport, timeout: float | None = None, name: str = "world",
                  layout: Layout | None = None) -> None:
@@ -64,6 +70,7 @@ class Communicator(Collectives, ObjectCollectives):
                                 transport.capabilities.device_buffers)
         self._executor = Executor(name)
         self._seq = 0
+        self._issue = threading.Lock()   # held while a call takes its number (`_seq`)
         self._hidden = 0   # calls colls made for itself (finding hosts, building levels): not numbered
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
@@ -134,8 +141,9 @@ class Communicator(Collectives, ObjectCollectives):
             raise self._check.fail(description.collective, "the communicator is closed")
         if self._levels is None and description.algorithm.name == "hierarchical":
             self._build_levels()   # collective: every rank makes its first hierarchical call here
-        seq = self._seq
-        self._seq = seq + 1   # the collective's tag: the same on every rank, as every rank makes the call
+        with self._issue:   # one number per call, whatever the threads
+            seq = self._seq
+            self._seq = seq + 1   # the collective's tag: the same on every rank, as every rank makes the call
         number = seq - self._hidden
         collective = description.collective
         traffic = self._traffic.get(collective) or self._traffic_for(collective)
@@ -204,8 +212,9 @@ class Communicator(Collectives, ObjectCollectives):
         Every rank must call it at the same point in its sequence of calls, as for a collective.
         """
         limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
-        seq = self._seq
-        self._seq += 1
+        with self._issue:
+            seq = self._seq
+            self._seq += 1
         return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
                        f"{self.name} {what} #{seq - self._hidden}",
                        self._traffic.setdefault(what, Traffic(self.size)))
@@ -237,67 +246,6 @@ class Communicator(Collectives, ObjectCollectives):
         finally:
             self._traffic = counters
             self._hidden += self._seq - before
-
-    # -- point to point --------------------------------------------------------------------------
-
-    def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None) -> Result:
-        """Send `x` to rank `dst`; matched by a `recv` on `dst` from this rank with the same tag.
-
-        With `async_op=True` the send is posted and a handle returned at once (MPI_Isend); the buffer
-        must not change until `wait()` returns.
-        """
-        x = self._check.array("send", x)
-        dst = self._check.peer("send", dst, "dst")
-        tag = self._user_tag("send", tag)
-        flat = x.reshape(-1)
-        return self._point_to_point("send", lambda: self.transport.isend(flat, dst, tag), dst, flat.nbytes,
-                                    None, async_op, timeout)
-
-    def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
-             timeout: float | None = None) -> Result:
-        """Receive into `x` (in place; contiguous and writable) from rank `src`; returns `x`."""
-        on_device = type(x) is not np.ndarray and is_cupy(x) and self.transport.capabilities.device_buffers
-        if not (isinstance(x, np.ndarray) or on_device) or not x.flags.c_contiguous or not (
-                on_device or x.flags.writeable):
-            raise self._check.fail("recv", "x must be a writable C-contiguous numpy array (or, over "
-                                           "cuda_ipc, cupy array) to receive into")
-        if x.dtype.hasobject:   # references to objects of this process: no bytes to receive into
-            raise self._check.fail("recv", f"x has dtype {x.dtype}, which holds Python objects")
-        src = self._check.peer("recv", src, "src")
-        tag = self._user_tag("recv", tag)
-        flat = x.reshape(-1)
-        return self._point_to_point("recv", lambda: self.transport.irecv(flat, src, tag), src, flat.nbytes,
-                                    x, async_op, timeout)
-
-    def _point_to_point(self, what: str, post: Callable[[], Any], peer: int, nbytes: int, result: Any,
-                        async_op: bool, timeout: float | None) -> Result:
-        """Post in issue order (behind queued asynchronous work), then wait now or on `wait()`.
-
-        Point-to-point calls take no collective sequence number: only some ranks make them, and
-        the collectives' tags must stay the same on every rank.
-        """
-        if self.closed:
-            raise self._check.fail(what, "the communicator is closed")
-        limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
-        traffic = self._traffic.setdefault(what, Traffic(self.size))
-        traffic.calls += 1
-        if what == "send":
-            traffic.messages_sent[peer] += 1
-            traffic.bytes_sent[peer] += nbytes
-        else:
-            traffic.messages_received[peer] += 1
-            traffic.bytes_received[peer] += nbytes
-        request = self._executor.run(what, False, post)
-        work = RequestWork(f"{self.name} {what} ({request!r})", self._executor, self.transport, request,
-                           time.monotonic() + limit, result)
-        return work if async_op else work.wait()
-
-    def _user_tag(self, what: str, tag: object) -> int:
-        limit = self.transport.user_tag_limit
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < limit:
-            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{limit - 1} "
-                                         f"(the {self.transport.name} transport's range)")
-        return int(tag)
 
     # -- groups ----------------------------------------------------------------------------------
 

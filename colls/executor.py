@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from transports.base import Envelope
 from transports.errors import CollectiveTimeout
 
 
@@ -50,28 +51,56 @@ class Work:
 class RequestWork(Work):
     """Handle of a posted point-to-point request: `wait()` drives the transport until it is done."""
 
-    def __init__(self, description: str, executor: Executor, transport, request, deadline: float,
-                 result: Any) -> None:
+    def __init__(self, description: str, transport, request, deadline: float, result: Any,
+                 turn: threading.Lock | None = None, traffic=None) -> None:
         super().__init__(description)
-        self._executor = executor
         self._transport = transport
         self._request = request
         self._deadline = deadline
         self._result = result
+        self._turn = turn          # held while waiting, where the transport takes one thread at a time
+        self._traffic = traffic    # a receive's counters, added to once it has completed
 
     def is_completed(self) -> bool:
         """Whether the request has completed (without driving progress)."""
         return bool(self._request.done)
 
+    @property
+    def status(self) -> Envelope | None:
+        """What a completed receive got: an `Envelope` (source, tag, nbytes received); None before
+        the request completes."""
+        request = self._request
+        if not request.done:
+            return None
+        return Envelope(request.source, request.received_tag, request.count)
+
     def wait(self, timeout: float | None = None) -> Any:
-        """Wait for the request (at most its deadline, or `timeout` seconds) and return the result."""
-        if not self._request.done:
+        """Wait for the request (at most its deadline, or `timeout` seconds) and return the result.
+
+        Raises:
+            CollectiveTimeout: the request did not complete in time.
+            MessageTruncated: a receive's message was longer than its buffer.
+        """
+        request = self._request
+        if not request.done:
             deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
             try:
-                with self._executor.exclusive():
-                    self._transport.wait_all([self._request], deadline)
+                if self._turn is None:
+                    self._transport.wait_all([request], deadline)
+                else:
+                    with self._turn:
+                        self._transport.wait_all([request], deadline)
             except CollectiveTimeout as error:
                 raise CollectiveTimeout(f"{self.description}: {error}", error.peers) from None
+            except Exception:
+                if not request.done:
+                    raise
+        traffic, self._traffic = self._traffic, None
+        if traffic is not None and request.kind == "recv":   # counted once, now its source is known
+            traffic.messages_received[request.source] += 1
+            traffic.bytes_received[request.source] += request.count
+        if request.error is not None:
+            raise request.error
         return self._result
 
 
