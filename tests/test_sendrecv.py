@@ -15,6 +15,7 @@ import colls
 from algorithms import SUM
 from transports import cma as attach
 from transports.base import COLLECTIVE_TAG_BASE
+from transports.errors import MessageTruncated
 from transports.shm import exchange_huge_bytes, exchange_rendezvous_bytes, fifo_geometry, rendezvous_bytes
 from transports.shm.fifo import HEAD
 
@@ -585,3 +586,45 @@ def test_the_protocol_thresholds_a_model_prices_are_declared():
     for cma, want, got, spin in colls.spawn(_declared, 2, transport="shm", timeout=40):
         assert got == (want if cma else [0, 0, 0, 0])
         assert spin >= 1
+
+
+def _p2p_sizes_by_every_protocol(comm) -> list:
+    """Point-to-point messages shorter and longer than their buffers, one of several slots and a
+    sendrecv's (not covered by test_p2p_semantics): counts, MessageTruncated on the receiver only,
+    the transport usable after."""
+    transport, peer, deadline = comm.transport, 1 - comm.rank, time.monotonic() + 20
+    sizes = [(3 * CHUNK + 4, 4 * CHUNK), (3 * CHUNK + 4, CHUNK)]   # several slots: shorter, longer
+    seen = []
+    if comm.rank == 0:
+        for tag, (nbytes, room) in enumerate(sizes):
+            buf = np.zeros(room, np.uint8)
+            request = transport.irecv(buf, peer, tag)
+            try:
+                transport.wait_all([request], deadline)
+                seen.append([request.count, int(buf[:nbytes].min()), int(buf[nbytes:].max())])
+            except MessageTruncated as error:
+                seen.append(str(error))
+    else:
+        for tag, (nbytes, _) in enumerate(sizes):
+            transport.wait_all([transport.isend(np.full(nbytes, 3, np.uint8), peer, tag)], deadline)
+    for room in (16, 4):   # a sendrecv's 8 B message into a bigger, then a smaller buffer
+        got = np.zeros(room, np.uint8)
+        try:
+            transport.sendrecv(np.full(8, 5, np.uint8), peer, got, peer, 9, deadline)
+            seen.append(got.tolist())
+        except MessageTruncated as error:
+            seen.append(str(error))
+    seen.append(comm.all_reduce(np.ones(CHUNK, np.int64), timeout=20).min().item())
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_point_to_point_messages_shorter_or_longer_than_their_buffers_on_shm():
+    first, second = colls.spawn(_p2p_sizes_by_every_protocol, 2, transport="shm", timeout=40)
+    nbytes, small = 3 * CHUNK + 4, "does not fit the receive buffer of"
+    assert first[0] == [nbytes, 3, 0]
+    assert first[1] == f"rank 0: a message of {nbytes} B from rank 1 (tag 1) {small} {CHUNK} B"
+    for seen, rank in ((first[2:], 0), (second, 1)):
+        assert seen[0] == [5] * 8 + [0] * 8
+        assert seen[1] == f"rank {rank}: a message of 8 B from rank {1 - rank} (tag 9) {small} 4 B"
+        assert seen[2] == 2

@@ -119,12 +119,17 @@ class Matching:
     def _serve_stash(self, peer: int) -> None:
         """Hand the messages taken aside from `peer` that are complete (oldest first) to the
         receives that want them: the earliest-posted that matches, or for a claimed one its
-        `mrecv`'s."""
+        `mrecv`'s (or the receive that matched it while it was still arriving)."""
         stashed = self.stashed[peer]
         for stash in list(stashed):
+            if stash.claimed:
+                request = stash.claimant
+            else:
+                request = self._take(peer, stash.tag)
+                if request is not None and not stash.done:   # still arriving: it is that receive's
+                    stash.claimed, stash.claimant = True, request
             if not stash.done:
                 break   # (only the newest can still be arriving)
-            request = stash.claimant if stash.claimed else self._take(peer, stash.tag)
             if request is None:
                 continue
             stashed.remove(stash)
