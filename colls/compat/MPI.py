@@ -18,14 +18,20 @@ from .buffers import BOTTOM, IN_PLACE
 from .comm import (
     COMM_NULL,
     COMM_SELF,
+    COMM_TYPE_HW_GUIDED,
+    COMM_TYPE_HW_UNGUIDED,
+    COMM_TYPE_RESOURCE_GUIDED,
+    COMM_TYPE_SHARED,
     COMM_WORLD,
     CONGRUENT,
     IDENT,
     SIMILAR,
     UNEQUAL,
     Comm,
+    Intercomm,
     Intracomm,
 )
+from .comm import lifecycle as _lifecycle
 from .comm import MPIException as Exception  # noqa: A004 - mpi4py's name
 from .datatypes import UNDEFINED, Datatype
 from .objects import ERR_ROOT, Pickle, _comm_lock_table, pickle
@@ -47,55 +53,81 @@ from .ops import (
     SUM,
     Op,
 )
+from . import namespace as _namespace
+from .attributes import (
+    APPNUM,
+    ERRHANDLER_NULL,
+    ERRORS_ABORT,
+    ERRORS_ARE_FATAL,
+    ERRORS_RETURN,
+    IO,
+    KEYVAL_INVALID,
+    LASTUSEDCODE,
+    TAG_UB,
+    UNIVERSE_SIZE,
+    WTIME_IS_GLOBAL,
+    Errhandler,
+)
+from .errors import ERROR_CLASSES as _ERROR_CLASSES
+from .errors import Get_error_class, Get_error_string
+from .group import GROUP_EMPTY, GROUP_NULL, Group
+from .info import INFO_ENV, INFO_NULL, Info
+from .memory import Alloc_mem, Free_mem, buffer, memory
 from .p2p import BSEND_OVERHEAD, MESSAGE_NO_PROC, MESSAGE_NULL, Attach_buffer, Detach_buffer, Message
+from .topocomm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm
+from .topology import CART, DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY
+from .topology import compute_dims as Compute_dims
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Prequest, Request, Status
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
-globals().update(_datatypes.CONSTANTS)   # MPI.COMBINER_*, MPI.ORDER_C, MPI.DISTRIBUTE_*, MPI.TYPECLASS_*
 INT_INT = _datatypes.PREDEFINED["TWOINT"]
 TypeDict = dict(_datatypes.TYPE_DICT)
 
 VERSION, SUBVERSION = 3, 1
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 ROOT = -3
-KEYVAL_INVALID = -1
-APPNUM = KEYVAL_INVALID
-TAG_UB = (1 << 31) - 1
 MAX_PROCESSOR_NAME = 256
 MAX_LIBRARY_VERSION_STRING = 8192
-ERR_OTHER, ERR_ARG, ERR_COMM, ERR_TYPE = 15, 12, 5, 3
-_initialized = True
-_finalized = False
+globals().update({name: code for name, (code, _) in _ERROR_CLASSES.items()})   # MPI.ERR_TRUNCATE, ...
 
 
 def Init() -> None:
-    """Nothing to do: the world is set up when COMM_WORLD is first used."""
+    """Initialize MPI: needed only under `mpi4py.rc.initialize = False` (the world is set up when
+    COMM_WORLD is first used).
+
+    Raises:
+        Exception: MPI is already initialized (as MPI_Init called twice).
+    """
+    if _lifecycle.ready():
+        raise Exception("MPI.Init: MPI is already initialized (mpi4py initializes it on import unless "
+                        "mpi4py.rc.initialize is False)")
+    _lifecycle.initialized = True
 
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
-    """Returns the level provided: THREAD_SERIALIZED (one thread at a time per communicator)."""
-    return THREAD_SERIALIZED
+    """Init; returns the thread level provided: THREAD_MULTIPLE."""
+    Init()
+    return THREAD_MULTIPLE
 
 
 def Finalize() -> None:
     """Mark the library finalized (colls closes its world at exit)."""
-    global _finalized
-    _finalized = True
+    _lifecycle.finalized = True
 
 
 def Is_initialized() -> bool:
-    """Always true: the facade needs no explicit Init."""
-    return _initialized
+    """Whether MPI is initialized (at import, unless `mpi4py.rc.initialize` is False)."""
+    return _lifecycle.ready()
 
 
 def Is_finalized() -> bool:
     """Whether Finalize was called."""
-    return _finalized
+    return _lifecycle.finalized
 
 
 def Query_thread() -> int:
-    """THREAD_SERIALIZED: calls on one communicator must not overlap from several threads."""
-    return THREAD_SERIALIZED
+    """THREAD_MULTIPLE: several threads may call at once (different communicators, or distinct tags)."""
+    return THREAD_MULTIPLE
 
 
 def Is_thread_main() -> bool:
@@ -183,32 +215,11 @@ class File(_Unsupported, feature="MPI I/O (MPI.File)"):
     Open = Delete = classmethod(_refuse)
 
 
-class Intercomm(_Unsupported, feature="inter-communicators (MPI.Intercomm)"):
-    """Not supported: inter-communicators."""
-
-
-class Cartcomm(_Unsupported, feature="Cartesian topologies (MPI.Cartcomm)"):
-    """Not supported: process topologies."""
-
-
-class Graphcomm(_Unsupported, feature="graph topologies (MPI.Graphcomm)"):
-    """Not supported: process topologies."""
-
-
-class Group(_Unsupported, feature="MPI groups (MPI.Group)"):
-    """Not supported: groups."""
-
-
-class Info(_Unsupported, feature="MPI.Info objects"):
-    """Not supported: info objects."""
-
-
 class Grequest(_Unsupported, feature="generalized requests (MPI.Grequest)"):
     """Not supported: generalized requests."""
 
 
-INFO_NULL = None
-WIN_NULL = FILE_NULL = GROUP_NULL = None
+WIN_NULL = FILE_NULL = None
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BAND", "BOR", "BOTTOM", "BXOR", "COMM_NULL", "COMM_SELF", "COMM_WORLD",
@@ -219,3 +230,13 @@ __all__ = [
     "BSEND_OVERHEAD", "ERR_ROOT", "MESSAGE_NO_PROC", "MESSAGE_NULL", "Attach_buffer", "Detach_buffer",
     "Message", "Pickle", "Prequest", "_comm_lock_table", "pickle",
 ]
+__all__ += [
+    "APPNUM", "CART", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED",
+    "COMM_TYPE_SHARED", "Cartcomm", "Compute_dims", "DIST_GRAPH", "Distgraphcomm", "ERRHANDLER_NULL",
+    "Graphcomm",
+    "ERRORS_ABORT", "ERRORS_ARE_FATAL", "ERRORS_RETURN", "Errhandler", "GRAPH", "GROUP_EMPTY", "GROUP_NULL",
+    "Group", "INFO_ENV", "INFO_NULL", "IO", "Info", "Intercomm", "KEYVAL_INVALID", "LASTUSEDCODE", "TAG_UB",
+    "Topocomm", "UNIVERSE_SIZE", "UNWEIGHTED", "WEIGHTS_EMPTY", "WTIME_IS_GLOBAL", "Alloc_mem", "Free_mem",
+    "buffer", "memory", "Get_error_class", "Get_error_string",
+]
+__all__ += _namespace.complete(globals())   # every other name of mpi4py.MPI: a constant, or a refusal

@@ -1,33 +1,67 @@
-"""`MPI.Comm`/`MPI.Intracomm` over a colls `Communicator`: groups, point-to-point, and what is missing.
+"""`MPI.Comm`/`MPI.Intracomm` over a colls `Communicator`: handles, groups, Dup/Split/Create.
 
-`COMM_WORLD` and `COMM_SELF` resolve their communicator when first used: the one `bind` installed
-for this thread (ranks as threads, `colls.compat.spawn`), else `colls.init()`'s world (under
-`colls run`, `mpiexec`, or a plain `python` as a group of one).
+A `Comm` object holds a handle (`_Handle`): the colls communicator and what MPI keeps with it (name,
+info, attributes, error handler, topology). `MPI.Comm(comm)` is a second object of the same handle,
+equal to the first, as in mpi4py; `Free` makes the freed object MPI.COMM_NULL. `COMM_WORLD` and
+`COMM_SELF` resolve their communicator when used: the one `bind` installed for this thread (ranks
+as threads, `colls.compat.spawn`), else `colls.init()`'s world (under `colls run`, `mpiexec`, or a
+plain `python` as a group of one). Processes are named by their world rank (`Group`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import weakref
 from collections.abc import Iterator
 
 import colls
 from colls.communicator import Communicator
 
+from .attributes import ERRORS_RETURN, Attributes
 from .blocks import BlockCollectives
 from .datatypes import UNDEFINED
+from .errors import MPIException
+from .group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group, group_of, my_world_rank
+from .handles import HandleTable
+from .info import INFO_NULL, Info, info_of, info_with
 from .p2p import PointToPoint
+from .request import Request
 from .schedules import ScheduledCollectives
+from .topology import Constructors
 
-IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+__all__ = ["COMM_NULL", "COMM_SELF", "COMM_WORLD", "CONGRUENT", "IDENT", "SIMILAR", "UNEQUAL", "Comm",
+           "Intercomm", "Intracomm", "MPIException", "bind"]
 
-
-class MPIException(RuntimeError):
-    """An MPI error (mpi4py's MPI.Exception)."""
-
+COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4
+_HW_RESOURCE, _SHARED_MEMORY = "mpi_hw_resource_type", "mpi_shared_memory"
 
 _bound = threading.local()
 _process_self: Communicator | None = None
+_table = HandleTable()
+
+
+class _Lifecycle:
+    """MPI_Init/MPI_Finalize state. `mpi4py.rc.initialize = False` (read when first needed, since the
+    facade's module is imported before the script sets it) means: nothing works before MPI.Init."""
+
+    initialized: bool | None = None   # None: not decided yet
+    finalized = False
+
+    def ready(self) -> bool:
+        if self.initialized is None:
+            rc = getattr(sys.modules.get("mpi4py"), "rc", None)
+            self.initialized = getattr(rc, "initialize", True) is not False
+        return self.initialized
+
+    def require(self, what: str) -> None:
+        if not self.ready():
+            raise MPIException(f"{what} used before MPI.Init (mpi4py.rc.initialize is False): call "
+                               f"MPI.Init() or MPI.Init_thread() first")
+
+
+lifecycle = _Lifecycle()
 
 
 @contextlib.contextmanager
@@ -44,6 +78,27 @@ def bind(world: Communicator) -> Iterator[None]:
         _bound.world, _bound.self = previous
 
 
+class _Handle:
+    """One MPI communicator: the colls communicator and what MPI keeps with it."""
+
+    __slots__ = ("communicator", "name", "info", "attrs", "errhandler", "topology", "from_self",
+                 "predefined", "__weakref__")
+
+    def __init__(self, communicator: Communicator, name: str = "", from_self: bool = False,
+                 info: dict[str, str] | None = None, topology: object = None) -> None:
+        self.communicator = communicator
+        self.name = name
+        self.from_self = from_self   # made from COMM_SELF: its one process is this one
+        self.info = {} if info is None else info
+        self.attrs: dict[int, object] = {}
+        self.errhandler = ERRORS_RETURN
+        self.topology = topology
+        self.predefined = False
+
+
+_predefined_handles: weakref.WeakKeyDictionary[Communicator, _Handle] = weakref.WeakKeyDictionary()
+
+
 def _unsupported(feature: str):
     def method(self, *args: object, **kwargs: object) -> None:
         raise NotImplementedError(f"{feature} is not supported by the colls mpi4py facade")
@@ -51,37 +106,106 @@ def _unsupported(feature: str):
     return method
 
 
-class Comm(PointToPoint, BlockCollectives, ScheduledCollectives):
-    """An MPI communicator backed by a colls `Communicator` (None for MPI.COMM_NULL or after Free)."""
+class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCollectives):
+    """An MPI communicator: a handle of a colls `Communicator` (none: MPI.COMM_NULL, or freed)."""
 
-    def __init__(self, communicator: Communicator | None = None) -> None:
-        self._held = communicator
-        self._name = "" if communicator is None else communicator.name
+    _h: _Handle | None
+
+    def __new__(cls, comm: Comm | None = None) -> Comm:
+        self = object.__new__(cls)
+        if comm is None:
+            self._h = None
+        elif isinstance(comm, Comm):
+            handle = comm._handle_or_none()
+            cls._check_kind(handle)
+            self._h = handle
+        else:
+            raise TypeError(f"{cls.__name__}: expecting an MPI communicator, got {type(comm).__name__}")
+        return self
+
+    @classmethod
+    def _check_kind(cls, handle: _Handle | None) -> None:
+        """Raise TypeError where `handle` is not a communicator of this class (a topology's)."""
+
+    @classmethod
+    def _wrap(cls, handle: _Handle | None) -> Comm:
+        comm = object.__new__(cls)
+        comm._h = handle
+        return comm
+
+    def _handle_or_none(self) -> _Handle | None:
+        return self._h
+
+    def _handle(self) -> _Handle:
+        handle = self._handle_or_none()
+        if handle is None:
+            raise MPIException(f"invalid communicator: {self._null_name()}")
+        return handle
+
+    @staticmethod
+    def _null_name() -> str:
+        return "MPI.COMM_NULL (or a freed communicator)"
 
     @property
     def _comm(self) -> Communicator:
-        if self._held is None:
-            raise MPIException("invalid communicator: MPI.COMM_NULL, or freed")
-        return self._held
+        handle = self._h
+        if handle is None:
+            raise MPIException(f"invalid communicator: {self._null_name()}")
+        return handle.communicator
+
+    def _kind(self) -> type:
+        """The class of a communicator made from this one (Dup keeps it; not the predefined ones')."""
+        return type(self)
 
     def __bool__(self) -> bool:
-        return self._resolved() is not None
-
-    def _resolved(self) -> Communicator | None:
-        return self._held
+        return self._handle_or_none() is not None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Comm):
             return NotImplemented
-        return self is other or (self._resolved() is None and other._resolved() is None)
+        return self._handle_or_none() is other._handle_or_none()
 
     def __hash__(self) -> int:
-        return id(self)
+        return hash(self._handle_or_none())
 
     def __repr__(self) -> str:
-        return f"<colls.compat.MPI.{type(self).__name__} {self._resolved()!r}>"
+        handle = self._handle_or_none()
+        return f"<colls.compat.MPI.{type(self).__name__} {None if handle is None else handle.communicator!r}>"
 
-    # -- size, rank, groups ----------------------------------------------------------------------
+    def __reduce__(self) -> object:
+        for name in ("COMM_NULL", "COMM_WORLD", "COMM_SELF"):
+            if self is globals()[name]:
+                return name
+        handle = self._handle_or_none()
+        if handle is None:
+            return (type(self), ())
+        if handle.predefined:
+            return (type(self), (COMM_SELF if handle.from_self else COMM_WORLD,))
+        raise ValueError(f"cannot pickle {self!r}: only MPI.COMM_WORLD and MPI.COMM_SELF name the same "
+                         f"communicator in another process")
+
+    def toint(self) -> int:
+        """This handle as an int (`Comm.fromint` gives it back)."""
+        return _table.number(self._handle_or_none())
+
+    py2f = toint
+
+    @property
+    def handle(self) -> int:
+        """This handle as an int."""
+        return self.toint()
+
+    @classmethod
+    def fromint(cls, number: int) -> Comm:
+        """The communicator whose `toint()` was `number`, of the class its topology implies."""
+        handle = _table.handle(number)
+        if cls in (Comm, Intracomm) and handle is not None and handle.topology is not None:
+            return handle.topology.comm_class()._wrap(handle)
+        return cls._wrap(handle)
+
+    f2py = fromhandle = fromint
+
+    # -- size, rank, names -----------------------------------------------------------------------
 
     def Get_rank(self) -> int:
         """This process's rank in the communicator."""
@@ -95,102 +219,252 @@ class Comm(PointToPoint, BlockCollectives, ScheduledCollectives):
     size = property(Get_size, doc="Number of ranks in the communicator.")
 
     def Is_inter(self) -> bool:
-        """Always false: only intra-communicators exist here."""
+        """Whether this is an inter-communicator (never: only intra-communicators exist here)."""
+        self._handle()
         return False
 
     def Is_intra(self) -> bool:
-        """Always true."""
+        """Whether this is an intra-communicator (always)."""
+        self._handle()
         return True
 
+    is_inter = property(Is_inter, doc="Whether this is an inter-communicator.")
+    is_intra = property(Is_intra, doc="Whether this is an intra-communicator.")
+
     def Get_name(self) -> str:
-        """The communicator's name."""
-        return self._name
+        """The communicator's name ("" for one made by Dup or Split until Set_name)."""
+        handle = self._handle_or_none()
+        return "MPI_COMM_NULL" if handle is None else handle.name
 
     def Set_name(self, name: str) -> None:
-        """Rename the communicator (for messages)."""
-        self._name = str(name)
+        """Name the communicator (every handle of it sees the name)."""
+        self._handle().name = str(name)
 
-    def Dup(self, info: object = None) -> Intracomm:
-        """A new communicator with the same ranks in the same order (collective)."""
-        comm = self._comm
-        return Intracomm(comm.split(0, comm.rank))
+    name = property(Get_name, Set_name, doc="The communicator's name.")
 
-    Clone = Dup
-    Idup = _unsupported("Comm.Idup")
+    def Get_topology(self) -> int:
+        """MPI.CART, MPI.GRAPH or MPI.DIST_GRAPH for a topology, else MPI.UNDEFINED."""
+        topology = self._handle().topology
+        return UNDEFINED if topology is None else topology.kind
 
-    def Split(self, color: int = 0, key: int = 0) -> Intracomm:
-        """Ranks with the same color form a communicator, ordered by (key, rank); MPI.UNDEFINED: none."""
-        colour = None if color == UNDEFINED or color < 0 else int(color)
-        sub = self._comm.split(colour, int(key))
-        return Intracomm(sub) if sub is not None else COMM_NULL
+    topology = property(Get_topology, doc="The kind of topology (MPI.UNDEFINED: none).")
+    is_topo = property(lambda self: self._handle().topology is not None, doc="Whether it has a topology.")
 
-    def Free(self) -> None:
-        """Release a communicator made by Dup or Split (collective)."""
-        if self is COMM_WORLD or self is COMM_SELF:
-            raise MPIException("MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed")
-        comm, self._held = self._comm, None
-        comm.close()
+    # -- info, group -----------------------------------------------------------------------------
+
+    def Get_info(self) -> Info:
+        """A new Info holding the hints set on this communicator."""
+        return info_with(self._handle().info)
+
+    def Set_info(self, info: Info) -> None:
+        """Add the hints of `info` to this communicator's (colls reads none of them)."""
+        self._handle().info.update(info_of(info))
+
+    info = property(Get_info, Set_info, doc="The communicator's hints (a new Info).")
+
+    def _members(self) -> tuple[int, ...]:
+        """The world ranks of this communicator's processes, in its rank order."""
+        handle = self._handle()
+        if handle.from_self:
+            return (my_world_rank(),) * handle.communicator.size
+        return handle.communicator.members
+
+    def Get_group(self) -> Group:
+        """The group of this communicator's processes."""
+        return group_of(self._members())
+
+    group = property(Get_group, doc="The communicator's group (a new Group).")
 
     def Compare(self, other: Comm) -> int:
         """MPI.IDENT for the same communicator, MPI.CONGRUENT for the same ranks in the same order,
         MPI.SIMILAR in another order, MPI.UNEQUAL otherwise."""
-        if self._comm is other._comm:
+        if self._handle() is other._handle():
             return IDENT
         mine, theirs = self._members(), other._members()
         if mine == theirs:
             return CONGRUENT
         return SIMILAR if sorted(mine) == sorted(theirs) else UNEQUAL
 
-    def _members(self) -> tuple[int, ...]:
-        """The world's ranks in this communicator, in its order."""
-        return self._comm.members
+    # -- new communicators -----------------------------------------------------------------------
+
+    def _derived(self, communicator: Communicator | None, cls: type, info: dict[str, str] | None = None,
+                 topology: object = None) -> Comm:
+        """A handle of `communicator`, made from this one (None: a null `cls`)."""
+        if communicator is None:
+            return cls._wrap(None)
+        return cls._wrap(_Handle(communicator, "", self._handle().from_self, info, topology))
+
+    def Dup(self, info: Info | None = None) -> Comm:
+        """A new communicator of the same ranks, order, topology, hints (or `info`'s), error handler and
+        copied attributes (collective)."""
+        handle = self._handle()
+        hints = dict(handle.info) if info is None else info_of(info)
+        communicator = handle.communicator
+        dup = self._derived(communicator.split(0, communicator.rank), self._kind(), hints, handle.topology)
+        dup._h.errhandler = handle.errhandler
+        dup._h.attrs.update(self._copied_attributes())
+        return dup
+
+    Clone = Dup
+
+    def Dup_with_info(self, info: Info) -> Comm:
+        """Dup, with the hints of `info` instead of this communicator's."""
+        return self.Dup(info if info is not None else INFO_NULL)
+
+    def Idup(self, info: Info | None = None) -> tuple[Comm, Request]:
+        """Dup, returned with a request that is already complete."""
+        return self.Dup(info), Request()
+
+    def Idup_with_info(self, info: Info) -> tuple[Comm, Request]:
+        """Dup_with_info, returned with a request that is already complete."""
+        return self.Dup_with_info(info), Request()
+
+    def Split(self, color: int = 0, key: int = 0) -> Intracomm:
+        """Ranks with the same color form a communicator, ordered by (key, rank); MPI.UNDEFINED: none."""
+        colour = None if color == UNDEFINED or color < 0 else int(color)
+        return self._derived(self._comm.split(colour, int(key)), Intracomm)
+
+    def Split_type(self, split_type: int, key: int = 0, info: Info = INFO_NULL) -> Intracomm:
+        """Ranks that share memory (MPI.COMM_TYPE_SHARED: the same host, by colls' layout) form a
+        communicator; MPI.UNDEFINED: none. COMM_TYPE_HW_GUIDED and RESOURCE_GUIDED split by host
+        when `info` asks for "mpi_hw_resource_type" = "mpi_shared_memory" (else MPI.COMM_NULL);
+        COMM_TYPE_HW_UNGUIDED splits by host when that makes smaller groups (else MPI.COMM_NULL)."""
+        communicator = self._comm
+        layout = communicator.layout
+        host = layout.hosts[communicator.rank]
+        colour = None
+        hints = info_of(info)
+        if split_type == COMM_TYPE_SHARED:
+            colour = host
+        elif split_type in (COMM_TYPE_HW_GUIDED, COMM_TYPE_RESOURCE_GUIDED):
+            colour = host if hints.get(_HW_RESOURCE) == _SHARED_MEMORY else None
+        elif split_type == COMM_TYPE_HW_UNGUIDED:
+            if len(layout.members[host]) < communicator.size:
+                colour = host
+                if info:
+                    info.Set(_HW_RESOURCE, _SHARED_MEMORY)
+        elif split_type != UNDEFINED:
+            raise ValueError(f"Split_type: split_type={split_type!r} is not MPI.COMM_TYPE_SHARED, another "
+                             f"MPI.COMM_TYPE_* or MPI.UNDEFINED")
+        hints.pop(_HW_RESOURCE, None)
+        return self._derived(communicator.split(colour, int(key)), Intracomm, hints)
+
+    def Create(self, group: Group) -> Comm:
+        """The communicator of `group`'s processes, in its order (collective over this communicator;
+        ranks outside `group` get MPI.COMM_NULL; disjoint groups on different ranks are allowed).
+
+        Raises:
+            MPIException: `group` holds a process that is not in this communicator.
+        """
+        mine = self._members()
+        members = group._members
+        strangers = set(members) - set(mine)
+        if strangers:
+            raise MPIException(f"Comm.Create: the group holds processes (world ranks {sorted(strangers)}) "
+                               f"that are not in this communicator")
+        me = mine[self._comm.rank]
+        colour, key = (min(members), members.index(me)) if me in members else (None, 0)
+        return self._derived(self._comm.split(colour, key), Intracomm)
+
+    def Create_group(self, group: Group, tag: int = 0) -> Intracomm:
+        """Create, called by the members of `group` only: supported where `group` holds every process
+        of this communicator (colls makes a communicator collectively over its parent).
+
+        Raises:
+            NotImplementedError: `group` leaves out some of this communicator's processes.
+        """
+        if set(group._members) != set(self._members()):
+            raise NotImplementedError("Comm.Create_group over part of a communicator is not supported by "
+                                      "the colls mpi4py facade: use Comm.Create (collective over the "
+                                      "communicator)")
+        return self.Create(group)
+
+    @classmethod
+    def Create_from_group(cls, group: Group, stringtag: str = "org.mpi4py", info: Info = INFO_NULL,
+                          errhandler: object = None) -> Intracomm:
+        """The communicator of `group` (MPI 4 sessions): supported for the processes of COMM_WORLD or
+        of COMM_SELF, by `Create_group` over that communicator."""
+        for base in (COMM_WORLD, COMM_SELF):
+            if set(group._members) == set(base._members()) and len(group._members) == base.Get_size():
+                return base.Create_group(group)
+        raise NotImplementedError("Intracomm.Create_from_group of a group other than COMM_WORLD's or "
+                                  "COMM_SELF's processes is not supported by the colls mpi4py facade")
+
+    def Free(self) -> None:
+        """Release the communicator (its attributes' delete functions run); this object becomes
+        MPI.COMM_NULL.
+
+        Raises:
+            MPIException: MPI.COMM_NULL, or MPI.COMM_WORLD / MPI.COMM_SELF (never freed).
+        """
+        handle = self._handle()
+        if handle.predefined:
+            raise MPIException("MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed")
+        self._delete_attributes()
+        self._h = None
+        _table.forget(handle)
+        handle.communicator.close()
+
+    free = Free
 
     def Abort(self, errorcode: int = 0) -> None:
         """Release every rank blocked on this communicator and exit this process with `errorcode`."""
         import os
-        import sys
 
         self._comm.abort(f"MPI Abort with error code {errorcode}")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(errorcode if 0 < errorcode < 256 else 1)
 
-    # -- not supported ---------------------------------------------------------------------------
-
-    Create = Create_group = Get_group = _unsupported("MPI groups (Comm.Get_group, Comm.Create)")
-    Create_intercomm = _unsupported("inter-communicators (Create_intercomm)")
-    Create_cart = Create_graph = Create_dist_graph = Create_dist_graph_adjacent = _unsupported(
-        "process topologies (Create_cart, Create_graph)")
-    Spawn = Spawn_multiple = Accept = Connect = _unsupported("dynamic processes (Spawn, Accept, Connect)")
-    Split_type = _unsupported("Comm.Split_type")
-    Get_attr = Set_attr = Delete_attr = _unsupported("communicator attributes (Get_attr, Set_attr)")
-    Neighbor_allgather = Neighbor_alltoall = _unsupported("neighborhood collectives")
+    @classmethod
+    def Get_parent(cls) -> Intercomm:
+        """The communicator to a parent that spawned this job: none (MPI.COMM_NULL), as colls spawns
+        no processes."""
+        return Intercomm()
 
 
 class Intracomm(Comm):
     """An intra-communicator: every communicator of the facade."""
 
 
+class Intercomm(Comm):
+    """Inter-communicators are not supported: only the null one exists (`Comm.Get_parent()`)."""
+
+    @classmethod
+    def _check_kind(cls, handle: _Handle | None) -> None:
+        if handle is not None:
+            raise TypeError("Intercomm: the communicator is an intra-communicator")
+
+
 class _World(Intracomm):
     """MPI.COMM_WORLD: this thread's bound world, else `colls.init()`."""
 
-    def _resolved(self) -> Communicator | None:
-        return getattr(_bound, "world", None) or colls.init()
+    def _handle_or_none(self) -> _Handle:
+        if not lifecycle.initialized:
+            lifecycle.require("MPI.COMM_WORLD")
+        return _predefined(getattr(_bound, "world", None) or colls.init(), "MPI_COMM_WORLD", False)
 
     @property
     def _comm(self) -> Communicator:
-        return self._resolved()   # type: ignore[return-value]
+        if not lifecycle.initialized:
+            lifecycle.require("MPI.COMM_WORLD")
+        return getattr(_bound, "world", None) or colls.init()
 
-    def Get_name(self) -> str:
-        """MPI_COMM_WORLD."""
-        return "MPI_COMM_WORLD"
+    def _kind(self) -> type:
+        return Intracomm
 
 
 class _Self(Intracomm):
     """MPI.COMM_SELF: a group of one (per bound thread, else per process)."""
 
-    def _resolved(self) -> Communicator | None:
+    def _handle_or_none(self) -> _Handle:
+        return _predefined(self._comm, "MPI_COMM_SELF", True)
+
+    @property
+    def _comm(self) -> Communicator:
         global _process_self
+        if not lifecycle.initialized:
+            lifecycle.require("MPI.COMM_SELF")
         bound = getattr(_bound, "self", None)
         if bound is not None:
             return bound
@@ -200,18 +474,18 @@ class _Self(Intracomm):
             _process_self = Communicator(LocalWorld(1).transport(0), name="self")
         return _process_self
 
-    @property
-    def _comm(self) -> Communicator:
-        return self._resolved()   # type: ignore[return-value]
+    def _kind(self) -> type:
+        return Intracomm
 
-    def _members(self) -> tuple[int, ...]:
-        return (COMM_WORLD.Get_rank(),)   # (compared with another, which a world made: it exists)
 
-    def Get_name(self) -> str:
-        """MPI_COMM_SELF."""
-        return "MPI_COMM_SELF"
+def _predefined(communicator: Communicator, name: str, from_self: bool) -> _Handle:
+    handle = _predefined_handles.get(communicator)
+    if handle is None:
+        handle = _predefined_handles.setdefault(communicator, _Handle(communicator, name, from_self))
+        handle.predefined = True
+    return handle
 
 
 COMM_NULL = Intracomm()
-COMM_WORLD = _World()
-COMM_SELF = _Self()
+COMM_WORLD = _World._wrap(None)
+COMM_SELF = _Self._wrap(None)
