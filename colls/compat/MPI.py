@@ -77,7 +77,8 @@ from .p2p import BSEND_OVERHEAD, MESSAGE_NO_PROC, MESSAGE_NULL, Attach_buffer, D
 from .topocomm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm
 from .topology import CART, DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY
 from .topology import compute_dims as Compute_dims
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Prequest, Request, Status
+from .request import (ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Grequest, Prequest, Request,
+                      Status)
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
 INT_INT = _datatypes.PREDEFINED["TWOINT"]
@@ -215,10 +216,6 @@ class File(_Unsupported, feature="MPI I/O (MPI.File)"):
     Open = Delete = classmethod(_refuse)
 
 
-class Grequest(_Unsupported, feature="generalized requests (MPI.Grequest)"):
-    """Not supported: generalized requests."""
-
-
 WIN_NULL = FILE_NULL = None
 
 __all__ = [
@@ -228,7 +225,7 @@ __all__ = [
     "REQUEST_NULL", "Request", "SIMILAR", "SUCCESS", "SUM", "Status", "UNDEFINED", "UNEQUAL",
     *_datatypes.PREDEFINED,
     "BSEND_OVERHEAD", "ERR_ROOT", "MESSAGE_NO_PROC", "MESSAGE_NULL", "Attach_buffer", "Detach_buffer",
-    "Message", "Pickle", "Prequest", "_comm_lock_table", "pickle",
+    "Grequest", "Message", "Pickle", "Prequest", "_comm_lock_table", "pickle",
 ]
 __all__ += [
     "APPNUM", "CART", "COMM_TYPE_HW_GUIDED", "COMM_TYPE_HW_UNGUIDED", "COMM_TYPE_RESOURCE_GUIDED",

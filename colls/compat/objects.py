@@ -27,6 +27,7 @@ import numpy as np
 from colls.objects import as_bytes
 
 from . import ops
+from .memory import buffer
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
 
 MARKER = b"\x00\x00colls:pickle5+buffers\x00"   # starts a header: no pickle or empty message does
@@ -86,10 +87,10 @@ class Pickle:
         buffers: list[Any] = []
         threshold = self._threshold
 
-        def out_of_band(buffer: _stdlib.PickleBuffer) -> bool:
-            if buffer.raw().nbytes < threshold:
+        def out_of_band(pickled: _stdlib.PickleBuffer) -> bool:
+            if pickled.raw().nbytes < threshold:
                 return True
-            buffers.append(buffer)
+            buffers.append(buffer(pickled.raw()))   # MPI.buffer, as mpi4py gives
             return False
         return _stdlib.dumps(obj, max(self._protocol or 5, 5), buffer_callback=out_of_band), buffers
 

@@ -50,6 +50,7 @@ class Status:
 
         def put(self: Status, value: Any) -> None:
             self._fields[index] = int(value)
+        get.__doc__, put.__doc__ = doc, f"Set: {doc[0].lower()}{doc[1:]}"
         return property(get, put, doc=doc)
 
     source = _field(_SOURCE, "The rank the message came from.")
@@ -59,17 +60,10 @@ class Status:
     cancelled = _field(_CANCELLED, "Whether the request was cancelled.", bool)
     del _field
 
-    def Get_source(self) -> int:
-        """The rank the message came from."""
-        return self.source
-
-    def Get_tag(self) -> int:
-        """The message's tag."""
-        return self.tag
-
-    def Get_error(self) -> int:
-        """The error code: MPI.SUCCESS unless set."""
-        return self.error
+    Get_source, Set_source = source.fget, source.fset
+    Get_tag, Set_tag = tag.fget, tag.fset
+    Get_error, Set_error = error.fget, error.fset
+    Is_cancelled, Set_cancelled = cancelled.fget, cancelled.fset
 
     def Get_count(self, datatype: Datatype = PREDEFINED["BYTE"]) -> int:
         """Elements of `datatype` received (MPI.UNDEFINED if the bytes do not divide evenly)."""
@@ -83,26 +77,6 @@ class Status:
     def Set_elements(self, datatype: Datatype, count: int) -> None:
         """Record that `count` elements of `datatype` were received."""
         self.count = int(count) * datatype.Get_size()
-
-    def Is_cancelled(self) -> bool:
-        """Whether the request was cancelled (never, unless set)."""
-        return self.cancelled
-
-    def Set_cancelled(self, flag: bool) -> None:
-        """Set the cancelled flag."""
-        self.cancelled = bool(flag)
-
-    def Set_source(self, source: int) -> None:
-        """Set the source field."""
-        self.source = source
-
-    def Set_tag(self, tag: int) -> None:
-        """Set the tag field."""
-        self.tag = tag
-
-    def Set_error(self, error: int) -> None:
-        """Set the error field."""
-        self.error = error
 
     def tomemory(self) -> memoryview:
         """The status's fields (source, tag, error, count, cancelled) as writable memory."""
@@ -469,6 +443,8 @@ class Prequest(Request):
 
     def __init__(self, start: Callable[[], Request] | Request | None = None) -> None:
         if isinstance(start, Request):
+            if start._op.start is None and not start._op.null:
+                raise TypeError("Prequest: the request is not a persistent one")
             super().__init__(start)
             return
         super().__init__(None if start is not None else _NULL)
@@ -495,6 +471,22 @@ class Prequest(Request):
             request.Start()
 
     startall = Startall
+
+
+class Grequest(Request):
+    """A generalized request: only copies of another are refused as mpi4py refuses them;
+    `Grequest.Start` is not supported."""
+
+    def __init__(self, request: Any = _NULL) -> None:
+        if isinstance(request, Request) and not isinstance(request, Grequest) and not request._op.null:
+            raise TypeError("Grequest: the request is not a generalized one")
+        super().__init__(request)
+
+    @classmethod
+    def Start(cls, *args: Any, **kwargs: Any) -> Grequest:
+        """Not supported: generalized requests."""
+        raise NotImplementedError("generalized requests (MPI.Grequest.Start) are not supported by the "
+                                  "colls mpi4py facade")
 
 
 REQUEST_NULL = Request()
