@@ -26,7 +26,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
                              "together, so that collectives run across hosts (hierarchically)")
     parser.add_argument("--as-mpi4py", action="store_true",
                         help="run an unmodified mpi4py script on colls: `from mpi4py import MPI` gives "
-                             "colls' facade (colls.compat)")
+                             "colls' facade (colls.compat); output unprefixed, as mpiexec prints it")
     # REMAINDER on both, so the program's own options (even -n) are passed through untouched.
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="module args",
                         help="run a library module as a script, like python -m")
@@ -53,11 +53,12 @@ def run_command(args: argparse.Namespace) -> int:
     if args.hosts is not None and not 1 <= args.hosts <= args.nprocs:
         args.parser.error(f"--hosts must be between 1 and -n ({args.nprocs}), not {args.hosts}")
     try:
-        if getattr(args, "as_mpi4py", False):   # the facade's runner between the Python and the program
+        as_mpi4py = getattr(args, "as_mpi4py", False)
+        if as_mpi4py:   # the facade's runner between the Python and the program; output as mpiexec's
             python, rest = interpreter_and_program(argv_of_program)
             argv_of_program = [python, "-m", "colls.compat.run", *rest]
         return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout,
-                      hosts=args.hosts)
+                      hosts=args.hosts, prefix=not as_mpi4py)
     except ValueError as error:   # refused before any rank starts (a bad COLLS_TRANSPORT too)
         args.parser.error(str(error))
 

@@ -83,11 +83,12 @@ def _note(message: str) -> None:
 
 
 class _LineRelay(threading.Thread):
-    """Copy one child's pipe to our stream line by line, each line prefixed with the rank."""
+    """Copy one child's pipe to our stream line by line, each line prefixed with the rank (or not)."""
 
-    def __init__(self, rank: int, source: IO[bytes], target: IO[str], lock: threading.Lock) -> None:
+    def __init__(self, rank: int, source: IO[bytes], target: IO[str], lock: threading.Lock,
+                 prefix: bool = True) -> None:
         super().__init__(name=f"colls-relay-{rank}", daemon=True)
-        self.prefix = f"[{rank}] ".encode()
+        self.prefix = f"[{rank}] ".encode() if prefix else b""
         self.source = source
         self.target = target
         self.lock = lock
@@ -232,7 +233,8 @@ def virtual_host(rank: int, nprocs: int, hosts: int) -> str:
 
 
 def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None,
-           timeout: float | None = None, env: dict | None = None, hosts: int | None = None) -> int:
+           timeout: float | None = None, env: dict | None = None, hosts: int | None = None,
+           prefix: bool = True) -> int:
     """Run `python <argv_of_program>` as `nprocs` ranks, relay their output, and stop them all
     as soon as one fails (`colls run`).
 
@@ -245,6 +247,8 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         timeout: seconds after which every rank is killed (status 124); None: no limit.
         env: variables every rank gets on top of ours.
         hosts: split the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
+        prefix: start each line of a rank's output with `[rank] `; False: print it as it is, as
+            mpiexec does (`--as-mpi4py`), still a whole line at a time.
 
     Returns:
         The job's exit status by the shell's rules: 0, the first failing rank's code (128 + signal
@@ -268,7 +272,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
     transport = (transport or (env or {}).get("COLLS_TRANSPORT") or config.get("COLLS_TRANSPORT")
                  or DEFAULT_TRANSPORT)
     if transport == "mpi":
-        return _launch_with_mpiexec([python, *argv_of_program], nprocs, base, timeout, hosts)
+        return _launch_with_mpiexec([python, *argv_of_program], nprocs, base, timeout, hosts, prefix)
     job = secrets.token_hex(6)
     rendezvous = tempfile.mkdtemp(prefix="colls-rdv-")  # mode 0700: only we can plant files in it
     children: list[subprocess.Popen] = []
@@ -288,7 +292,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
                     start_new_session=True)  # its own group, so stopping a rank stops its children too
                 children.append(child)
                 for source, target in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
-                    relays.append(_LineRelay(rank, source, target, output_lock))
+                    relays.append(_LineRelay(rank, source, target, output_lock, prefix))
                     relays[-1].start()
             status = _monitor(children, catcher, timeout)
         finally:
@@ -367,17 +371,17 @@ def survivable_under_hydra(mpiexec: str, program: list[str]) -> tuple[list[str],
 
 
 def _launch_with_mpiexec(command_of_rank: list[str], nprocs: int, env: dict[str, str],
-                         timeout: float | None, hosts: int | None = None) -> int:
+                         timeout: float | None, hosts: int | None = None, prefix: bool = True) -> int:
     """`colls run --transport mpi`: MPI ranks must come from MPI's own launcher, so hand over to it.
-    `command_of_rank` is the Python to run and its arguments."""
+    `command_of_rank` is the Python to run and its arguments; `prefix`: as for `launch`."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
         _note("--transport mpi needs mpiexec: pip install 'colls[mpi]'")
         return 2
     # each rank prefixes its own output a whole line at a time (see colls.linebuffered)
     python, *argv_of_program = command_of_rank
-    options, program = survivable_under_hydra(
-        mpiexec, [python, "-m", "colls.linebuffered", *argv_of_program])
+    relay = ["-m", "colls.linebuffered"] if prefix else []
+    options, program = survivable_under_hydra(mpiexec, [python, *relay, *argv_of_program])
     command = [mpiexec, *options, "-n", str(nprocs), *program]
     if hosts is not None:
         # MPMD: one block of ranks per virtual host, each with its own COLLS_HOST

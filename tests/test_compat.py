@@ -114,26 +114,20 @@ def test_reduce_local_and_op_create() -> None:
 
 
 @pytest.mark.parametrize(("call", "feature"), [
-    (lambda: MPI.INT.Create_vector(2, 1, 2), "derived datatypes"),
-    (lambda: MPI.Datatype.Create_struct([1], [0], [MPI.INT]), "derived datatypes"),
     (lambda: MPI.Win.Create(np.zeros(1)), "one-sided"),
     (lambda: MPI.File.Open(MPI.COMM_SELF, "x"), "MPI I/O"),
     (lambda: MPI.COMM_SELF.Create_intercomm(0, MPI.COMM_SELF, 0), "inter-communicators"),
-    (lambda: MPI.Intercomm().Get_remote_size(), "inter-communicators"),
+    (lambda: MPI.Intercomm.Create_from_groups(MPI.GROUP_EMPTY, 0, MPI.GROUP_EMPTY, 0),
+     "inter-communicators"),
     (lambda: MPI.COMM_SELF.bcast(1), "pickle-based"),
     (lambda: MPI.COMM_SELF.allreduce(1), "pickle-based"),
     (lambda: MPI.COMM_SELF.Recv(np.zeros(1), MPI.ANY_SOURCE, 0), "ANY_SOURCE"),
     (lambda: MPI.COMM_SELF.Recv(np.zeros(1), 0), "ANY_TAG"),
     (lambda: MPI.COMM_SELF.Iprobe(), "probing"),
-    (lambda: MPI.COMM_SELF.Bcast(FakeDevice()), "GPU"),
 ])
 def test_unsupported_features_name_themselves(call, feature: str) -> None:
     with pytest.raises(NotImplementedError, match=feature):
         call()
-
-
-class FakeDevice:
-    __cuda_array_interface__ = {"version": 0, "data": (0, False), "typestr": "<f8", "shape": (1,)}
 
 
 # -- collectives on thread ranks ---------------------------------------------------------------------
@@ -214,6 +208,7 @@ def test_colls_run_as_mpi4py(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = sorted(line for line in done.stdout.splitlines() if "vendor" in line)
     assert len(lines) == 3
+    assert not any(line.startswith("[") for line in lines), "printed as mpiexec does: no [rank] prefix"
     assert all("vendor colls size 3" in line and "['--flag', 'x']" in line and "colls.compat.MPI" in line
                for line in lines)
     assert sum("half 2" in line for line in lines) == 2 and sum("half 1" in line for line in lines) == 1

@@ -143,11 +143,11 @@ def worker(suite_dir: Path, modules: list[str], results: Path, threads: int, bac
 
 # -- pytest side ------------------------------------------------------------------------------------
 
-def fetch_suite(cache_dir: Path) -> Path:
-    """mpi4py's test/ folder from its sdist (downloaded once into cache_dir), or a skip."""
-    suite_dir = cache_dir / f"mpi4py-{MPI4PY_VERSION}-test"
-    if all((suite_dir / f"{name}.py").exists() for name in (*MODULES, *SUPPORT)):
-        return suite_dir
+def fetch_sdist(cache_dir: Path) -> Path:
+    """mpi4py's test/ and demo/ folders from its sdist (downloaded once into cache_dir), or a skip."""
+    root = cache_dir / f"mpi4py-{MPI4PY_VERSION}"
+    if (root / "complete").exists():
+        return root
     download = Path(tempfile.mkdtemp(prefix="mpi4py-sdist-"))
     try:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -162,18 +162,33 @@ def fetch_suite(cache_dir: Path) -> Path:
         else:
             pytest.skip(f"cannot download mpi4py {MPI4PY_VERSION}'s sdist from PyPI (no network?): "
                         f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
-        staging = suite_dir.with_suffix(".partial")
+        staging = root.with_suffix(".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+        prefix = f"mpi4py-{MPI4PY_VERSION}/"
         with tarfile.open(archives[0]) as archive:
-            for name in (*MODULES, *SUPPORT):
-                member = archive.getmember(f"mpi4py-{MPI4PY_VERSION}/test/{name}.py")
-                (staging / f"{name}.py").write_bytes(archive.extractfile(member).read())
-        shutil.rmtree(suite_dir, ignore_errors=True)
-        staging.rename(suite_dir)
-        return suite_dir
+            members = [member for member in archive.getmembers() if member.isfile()
+                       and member.name.startswith((prefix + "test/", prefix + "demo/"))]
+            for member in members:
+                target = staging / member.name[len(prefix):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.extractfile(member).read())
+        (staging / "complete").write_text("")
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+        return root
     finally:
         shutil.rmtree(download, ignore_errors=True)
+
+
+def fetch_suite(cache_dir: Path) -> Path:
+    """mpi4py's test/ folder (see `fetch_sdist`)."""
+    return fetch_sdist(cache_dir) / "test"
+
+
+def fetch_demos(cache_dir: Path) -> Path:
+    """mpi4py's demo/ folder (see `fetch_sdist`)."""
+    return fetch_sdist(cache_dir) / "demo"
 
 
 @pytest.fixture(scope="module")
