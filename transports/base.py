@@ -72,7 +72,9 @@ class Request:
 
     def __repr__(self) -> str:
         direction = "to" if self.kind == "send" else "from"
-        return f"{self.kind} of {self.nbytes} B {direction} rank {self.peer} (tag {self.tag})"
+        peer = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
+        tag = "any tag" if self.tag == ANY_TAG else f"tag {self.tag}"
+        return f"{self.kind} of {self.nbytes} B {direction} {peer} ({tag})"
 
 
 class Envelope:
