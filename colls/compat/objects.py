@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 import pickle as _stdlib
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from colls.objects import as_bytes
+from transports.base import Backoff
+from transports.errors import CollectiveTimeout
 
 from . import ops
 from .memory import buffer
@@ -145,30 +148,69 @@ def _split_header(header: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
 
 
 class _ObjectReceive:
-    """An object receive (`irecv`, `Message.irecv`): claims the first frame by probing, then receives
-    the rest; `poll()` tries once, `wait()` blocks within the communicator's deadline."""
+    """An object receive (`irecv`, `Message.irecv`): claims the first frame (`improbe`) and posts the
+    receives of the buffers that follow it under the communicator's "recv" lock, so that two threads
+    receiving from one source and tag cannot take each other's buffers; `poll()` tries once,
+    `wait()` until the communicator's deadline."""
 
     def __init__(self, comm: Any, source: int, tag: int, envelope: Any = None) -> None:
         self._comm = comm
         self._source, self._tag = source, tag
         self._envelope = envelope
+        self._posted = False
+        self._data: np.ndarray | None = None   # the pickle (None: a plain message)
+        self._parts: list[np.ndarray] = []
+        self._works: list[Any] = []
         self._done = False
         self._object: Any = None
         self.fields = (source, tag, 0)
 
-    def poll(self) -> bool:
-        if not self._done:
+    def _post(self) -> bool:
+        """Claim the message (unless claimed already), receive its first frame and post the rest."""
+        colls_comm = self._comm._comm
+        with _lock(self._comm, "recv"):
             if self._envelope is None:
-                self._envelope = self._comm._comm.improbe(self._source, self._tag)
+                self._envelope = colls_comm.improbe(self._source, self._tag)
                 if self._envelope is None:
                     return False
+            envelope = self._envelope
+            first = np.empty(envelope.nbytes, np.uint8)
+            colls_comm.mrecv(first, envelope)
+            split = _split_header(first)
+            if split is None:
+                self._data, sizes = first, []
+            else:
+                self._data, sizes = split
+                self._parts = [np.empty(size, np.uint8) for size in sizes]
+                self._works = [colls_comm.recv(part, envelope.source, envelope.tag, async_op=True)
+                               for part in self._parts]
+        self.fields = (envelope.source, envelope.tag, envelope.nbytes + sum(sizes))
+        self._posted = True
+        return True
+
+    def poll(self) -> bool:
+        if not self._done:
+            if not self._posted and not self._post():
+                return False
+            if not all([Request(work)._poll() for work in self._works]):
+                return False
             self._finish()
         return True
 
     def wait(self) -> Any:
         if not self._done:
-            if self._envelope is None:
-                self._envelope = self._comm._comm.mprobe(self._source, self._tag)
+            colls_comm = self._comm._comm
+            deadline, backoff = time.monotonic() + colls_comm.timeout, Backoff()
+            while not self._posted and not self._post():
+                if time.monotonic() >= deadline:
+                    who = "any rank" if self._source == ANY_SOURCE else f"rank {self._source}"
+                    which = "any tag" if self._tag == ANY_TAG else f"tag {self._tag}"
+                    raise CollectiveTimeout(f"rank {colls_comm.rank}: recv: no object from {who} with "
+                                            f"{which} within {colls_comm.timeout} s")
+                colls_comm.transport.check_aborted()
+                backoff.pause()
+            for work in self._works:
+                work.wait()
             self._finish()
         return self._object
 
@@ -176,22 +218,12 @@ class _ObjectReceive:
         return self._done
 
     def _finish(self) -> None:
-        envelope, colls_comm = self._envelope, self._comm._comm
-        first = np.empty(envelope.nbytes, np.uint8)
-        colls_comm.mrecv(first, envelope)
-        total = envelope.nbytes
-        split = _split_header(first)
-        if split is None:
-            self._object = self._comm._pickler().loads(first) if first.size else None
+        pickler, data = self._comm._pickler(), self._data
+        if self._works:
+            self._object = pickler.loads_oob(data, self._parts)
         else:
-            data, sizes = split
-            parts = [np.empty(size, np.uint8) for size in sizes]
-            works = [colls_comm.recv(part, envelope.source, envelope.tag, async_op=True) for part in parts]
-            for work in works:
-                work.wait()
-            total += sum(sizes)
-            self._object = self._comm._pickler().loads_oob(data, parts)
-        self.fields = (envelope.source, envelope.tag, total)
+            self._object = pickler.loads(data) if data.size else None
+        self._data = self._parts = self._works = None   # type: ignore[assignment]
         self._done = True
 
 
