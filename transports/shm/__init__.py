@@ -4,6 +4,7 @@
 - `options`: `ShmOptions` and the size thresholds that pick a message's protocol;
 - `rendezvous`: reading a big message whole out of its sender (cross-memory attach, registered memory);
 - `help`: rendezvous acks, and help copies (a waiting sender writes half of its big message);
+- `matching`: which receive a message goes to (MPI's order, wildcards, sizes) and the probes;
 - `transport`: `ShmTransport` itself (posting, the blocking `sendrecv`, progress, aborts) and `shm_group`.
 """
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import ANY_SOURCE, ANY_TAG, COLLECTIVE_TAG_BASE, Envelope, check_buffer
+from ..base import ANY_SOURCE, ANY_TAG, COLLECTIVE_TAG_BASE, Envelope, Reducer, check_buffer
 from ..errors import CollectiveMismatch, MessageTruncated
 from .fifo import HEAD, HEADER_FIELDS, In
 
@@ -44,6 +44,26 @@ def first_wanting(receives: list[In], tag: int) -> int:
 class Matching:
     """`ShmTransport`'s posting of receives, message matching and probes (a mixin over its queues:
     `posted`, `wild`, `stashed`, `current`, `active_in`)."""
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> In:
+        """`Transport.irecv`: `peer` may be ANY_SOURCE, `tag` ANY_TAG."""
+        check_buffer(buf, "shm receive")
+        request = In(peer, tag, buf, None, helpable=True)
+        self.lock.acquire()   # (a `with` costs twice as much)
+        try:
+            return self._post(request)
+        finally:
+            self.lock.release()
+
+    def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> In:
+        """`Transport.irecv_reduce` (exact sizes only: no wildcard takes a collective's message)."""
+        check_buffer(buf, "shm receive-reduce")
+        request = In(peer, tag, buf, reducer)
+        self.lock.acquire()
+        try:
+            return self._post(request)
+        finally:
+            self.lock.release()
 
     def _post(self, request: In) -> In:
         """Post a receive, numbered; a message already taken aside may complete it at once."""
@@ -76,11 +96,19 @@ class Matching:
     def _match(self, peer: int, tag: int, message_bytes: int) -> In | None:
         """The receive a new message goes to; taken aside if receives wait for others behind it;
         None (left in the FIFO) if no receive waits."""
+        posted = self.posted[peer]
+        if not self.wild:   # the usual case, inlined: receives that name their source
+            for i, request in enumerate(posted):
+                if request.tag == tag and request.nbytes == message_bytes:
+                    del posted[i]
+                    return request
+                if request.tag == tag or (request.tag == ANY_TAG and tag < COLLECTIVE_TAG_BASE):
+                    del posted[i]
+                    return self._fit(request, peer, tag, message_bytes)
+            return self._stash(peer, tag, message_bytes) if posted else None
         request = self._take(peer, tag)
         if request is not None:
             return self._fit(request, peer, tag, message_bytes)
-        if not self.posted[peer] and not self.wild:
-            return None
         return self._stash(peer, tag, message_bytes)
 
     def _stash(self, peer: int, tag: int, message_bytes: int) -> In:
