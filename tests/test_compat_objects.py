@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -181,3 +182,35 @@ def test_pkl5_is_installed_with_the_facade(monkeypatch: pytest.MonkeyPatch) -> N
     data, buffers = pkl5.pickle.dumps_oob(big_array(1))
     np.testing.assert_array_equal(pkl5.pickle.loads_oob(data, buffers), big_array(1))
     assert pkl5.Request() == MPI.REQUEST_NULL and not pkl5.Message()
+
+
+def objects_from_threads() -> str:
+    """Four threads of each rank exchange objects with large arrays at once, two of them on one tag:
+    every object arrives whole (its frames are never interleaved with another's)."""
+    comm = MPI.COMM_WORLD
+    rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+    errors: list[str] = []
+
+    def exchange(index: int, tag: int) -> None:
+        try:
+            for step in range(5):
+                request = comm.isend({"index": index, "a": np.full(BIG // 8, rank * 100 + index, np.float64)},
+                                     peer, tag)
+                got = comm.recv(source=peer, tag=tag)
+                request.wait()
+                assert np.all(got["a"] == peer * 100 + got["index"]), (index, step)
+        except Exception as error:   # noqa: BLE001 - reported by the main thread
+            errors.append(repr(error))
+    threads = [threading.Thread(target=exchange, args=(index, tag)) for index, tag in enumerate((1, 2, 3, 3))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return "ok"
+
+
+def test_objects_from_threads() -> None:
+    # processes: on thread ranks (local) MPI.COMM_WORLD is bound per thread, so a thread a rank
+    # starts would see a world of its own
+    assert spawn(objects_from_threads, 2, transport="shm", timeout=60) == ["ok"] * 2
