@@ -51,6 +51,7 @@ DEMOS = [
                    "latency", "multi_lat", "scatter")],
 ]
 SIZES = (2, 3, 4)
+PROMPT_END = "(0 quits) "   # compute-pi's input() prompt
 RANK_LABEL = re.compile(r"\[\d+\] ")
 NUMBER = re.compile(r"[-+]?\d+\.\d*(?:[eE][-+]?\d+)?")
 
@@ -61,9 +62,12 @@ def demo_id(demo: tuple) -> str:
 
 
 def normalized(output: str, timings: bool) -> list[str]:
-    """The output's lines, sorted; decimal numbers masked where the demo prints timings."""
-    lines = [NUMBER.sub("<t>", line) if timings else line for line in output.splitlines()]
-    return sorted(line.rstrip() for line in lines if line.strip())
+    """The output's lines, sorted, with runs of blanks made one; where the demo prints timings,
+    decimal numbers masked. A prompt (text before `PROMPT_END`, which has no line break of its own)
+    is a line of its own: when it is relayed, relative to the lines after it, differs."""
+    lines = output.replace(PROMPT_END, PROMPT_END + "\n").splitlines()
+    lines = [NUMBER.sub("<t>", line) if timings else line for line in lines]
+    return sorted(" ".join(line.split()) for line in lines if line.strip())
 
 
 def run_demo(demo_dir: Path, demo: tuple, size: int, colls: bool) -> tuple[int, str]:
