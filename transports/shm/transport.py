@@ -291,8 +291,9 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
     def _exchange_receive(self, send: Out | None, recv_buf: np.ndarray, src: int, tag: int,
                           reducer: Reducer | None) -> list[Request]:
         """A sendrecv's receive, straight out of the slots or the sender where it can (the lock
-        held); returns what is left to wait for: the receive, and `send` (None: nothing)."""
-        taken = self._receive_now(recv_buf, src, tag, reducer, helpable=send is None)
+        held; from ANY_SOURCE: posted); returns what is left to wait for: the receive, and `send`
+        (None: nothing)."""
+        taken = src >= 0 and self._receive_now(recv_buf, src, tag, reducer, helpable=send is None)
         if taken is True:
             if send is None:
                 return []
