@@ -14,6 +14,21 @@ import time
 
 from . import datatypes as _datatypes
 from . import dlpack as _dlpack
+from . import namespace as _namespace
+from .attributes import (
+    APPNUM,
+    ERRHANDLER_NULL,
+    ERRORS_ABORT,
+    ERRORS_ARE_FATAL,
+    ERRORS_RETURN,
+    IO,
+    KEYVAL_INVALID,
+    LASTUSEDCODE,
+    TAG_UB,
+    UNIVERSE_SIZE,
+    WTIME_IS_GLOBAL,
+    Errhandler,
+)
 from .buffers import BOTTOM, IN_PLACE
 from .comm import (
     COMM_NULL,
@@ -31,9 +46,14 @@ from .comm import (
     Intercomm,
     Intracomm,
 )
-from .comm import lifecycle as _lifecycle
 from .comm import MPIException as Exception  # noqa: A004 - mpi4py's name
+from .comm import lifecycle as _lifecycle
 from .datatypes import UNDEFINED, Datatype
+from .errors import ERROR_CLASSES as _ERROR_CLASSES
+from .errors import Get_error_class, Get_error_string
+from .group import GROUP_EMPTY, GROUP_NULL, Group
+from .info import INFO_ENV, INFO_NULL, Info
+from .memory import Alloc_mem, Free_mem, buffer, memory
 from .objects import ERR_ROOT, Pickle, _comm_lock_table, pickle
 from .ops import (
     BAND,
@@ -53,32 +73,21 @@ from .ops import (
     SUM,
     Op,
 )
-from . import namespace as _namespace
-from .attributes import (
-    APPNUM,
-    ERRHANDLER_NULL,
-    ERRORS_ABORT,
-    ERRORS_ARE_FATAL,
-    ERRORS_RETURN,
-    IO,
-    KEYVAL_INVALID,
-    LASTUSEDCODE,
-    TAG_UB,
-    UNIVERSE_SIZE,
-    WTIME_IS_GLOBAL,
-    Errhandler,
-)
-from .errors import ERROR_CLASSES as _ERROR_CLASSES
-from .errors import Get_error_class, Get_error_string
-from .group import GROUP_EMPTY, GROUP_NULL, Group
-from .info import INFO_ENV, INFO_NULL, Info
-from .memory import Alloc_mem, Free_mem, buffer, memory
 from .p2p import BSEND_OVERHEAD, MESSAGE_NO_PROC, MESSAGE_NULL, Attach_buffer, Detach_buffer, Message
+from .request import (
+    ANY_SOURCE,
+    ANY_TAG,
+    PROC_NULL,
+    REQUEST_NULL,
+    SUCCESS,
+    Grequest,
+    Prequest,
+    Request,
+    Status,
+)
 from .topocomm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm
 from .topology import CART, DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY
 from .topology import compute_dims as Compute_dims
-from .request import (ANY_SOURCE, ANY_TAG, PROC_NULL, REQUEST_NULL, SUCCESS, Grequest, Prequest, Request,
-                      Status)
 
 globals().update(_datatypes.PREDEFINED)   # MPI.INT, MPI.DOUBLE, MPI.C_BOOL, MPI.DOUBLE_INT, ...
 INT_INT = _datatypes.PREDEFINED["TWOINT"]
@@ -191,16 +200,7 @@ def _refuse(cls, *args: object, **kwargs: object) -> None:
     raise NotImplementedError(f"{cls.feature} is not supported by the colls mpi4py facade")
 
 
-class _Unsupported:
-    """A class of mpi4py that the facade does not offer; using it says which feature is missing."""
-
-    feature = ""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(f"{self.feature} is not supported by the colls mpi4py facade")
-
-    def __init_subclass__(cls, feature: str = "", **kwargs: object) -> None:
-        cls.feature = feature
+_Unsupported = _namespace.Unsupported   # a class whose objects cannot be made: says which feature
 
 
 

@@ -49,8 +49,7 @@ class Errhandler:
     def __eq__(self, other: object) -> bool:
         return self._h == other._h if isinstance(other, Errhandler) else NotImplemented
 
-    def __hash__(self) -> int:
-        return hash(self._h)
+    __hash__ = None   # type: ignore[assignment] - handles are unhashable in mpi4py
 
     def __bool__(self) -> bool:
         return self._h is not None
@@ -59,14 +58,22 @@ class Errhandler:
         return f"<colls.compat.MPI.Errhandler {self._h or 'ERRHANDLER_NULL'}>"
 
     def __reduce__(self) -> object:
-        return self._h or "ERRHANDLER_NULL"
+        for constant in _CONSTANTS:
+            if self is constant:
+                return constant._h or "ERRHANDLER_NULL"
+        return (Errhandler, ()) if self._h is None else (_named, (self._h,))
 
     def Free(self) -> None:
         """Release this handle (it becomes MPI.ERRHANDLER_NULL; the predefined constants stay)."""
+        if self._h is None:
+            raise _error("ERR_ARG", "Errhandler.Free: MPI.ERRHANDLER_NULL")
         if not any(self is constant for constant in _CONSTANTS):
             self._h = None
 
-    free = Free
+    def free(self) -> None:
+        """Free, where this handle is not null."""
+        if self._h is not None:
+            self.Free()
 
     def toint(self) -> int:
         """A small int naming the handler (0: MPI.ERRHANDLER_NULL)."""
@@ -81,6 +88,16 @@ class Errhandler:
         return cls._named(_NAMES[number]) if 0 < number < len(_NAMES) else cls()
 
     f2py = fromhandle = fromint
+
+
+def _named(name: str) -> Errhandler:
+    return Errhandler._named(name)
+
+
+def _error(code: str, message: str) -> Exception:
+    from .errors import ERROR_CLASSES, MPIException
+
+    return MPIException(ERROR_CLASSES[code][0], message)
 
 
 _NAMES = (None, "ERRORS_RETURN", "ERRORS_ARE_FATAL", "ERRORS_ABORT")
@@ -171,7 +188,8 @@ class Attributes:
     def Set_errhandler(self, errhandler: Errhandler) -> None:
         """Keep `errhandler` for `Get_errhandler` (the facade raises exceptions whatever it is)."""
         if not isinstance(errhandler, Errhandler) or not errhandler:
-            raise ValueError(f"Set_errhandler: expecting a predefined MPI.Errhandler, got {errhandler!r}")
+            raise _error("ERR_ARG", f"Set_errhandler: expecting a predefined MPI.Errhandler, got "
+                                    f"{errhandler!r}")
         self._handle().errhandler = Errhandler(errhandler)
 
     @classmethod
@@ -181,12 +199,10 @@ class Attributes:
                                   "by the colls mpi4py facade: errors raise exceptions")
 
     def Call_errhandler(self, errorcode: int) -> None:
-        """Raise MPI.Exception for `errorcode`, as MPI.ERRORS_RETURN under mpi4py does."""
-        from .comm import MPIException
-
-        raise MPIException(errorcode)
+        """Invoke the error handler: the predefined ones return (the facade raises its errors itself)."""
+        self._handle()
 
 
 def _known(keyval: int, what: str) -> None:
     if keyval not in _keyvals:
-        raise ValueError(f"Comm.{what}: {keyval!r} is not a keyval made by Create_keyval")
+        raise _error("ERR_KEYVAL", f"Comm.{what}: {keyval!r} is not a keyval made by Create_keyval")

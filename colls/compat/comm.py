@@ -22,7 +22,7 @@ from colls.communicator import Communicator
 from .attributes import ERRORS_RETURN, Attributes
 from .blocks import BlockCollectives
 from .datatypes import UNDEFINED
-from .errors import MPIException
+from .errors import ERR_COMM, ERR_GROUP, MPIException
 from .group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group, group_of, my_world_rank
 from .handles import HandleTable
 from .info import INFO_NULL, Info, info_of, info_with
@@ -139,18 +139,14 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
     def _handle(self) -> _Handle:
         handle = self._handle_or_none()
         if handle is None:
-            raise MPIException(f"invalid communicator: {self._null_name()}")
+            raise _null_communicator()
         return handle
-
-    @staticmethod
-    def _null_name() -> str:
-        return "MPI.COMM_NULL (or a freed communicator)"
 
     @property
     def _comm(self) -> Communicator:
         handle = self._h
         if handle is None:
-            raise MPIException(f"invalid communicator: {self._null_name()}")
+            raise _null_communicator()
         return handle.communicator
 
     def _kind(self) -> type:
@@ -165,8 +161,7 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
             return NotImplemented
         return self._handle_or_none() is other._handle_or_none()
 
-    def __hash__(self) -> int:
-        return hash(self._handle_or_none())
+    __hash__ = None   # type: ignore[assignment] - handles are unhashable in mpi4py
 
     def __repr__(self) -> str:
         handle = self._handle_or_none()
@@ -360,8 +355,8 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
         members = group._members
         strangers = set(members) - set(mine)
         if strangers:
-            raise MPIException(f"Comm.Create: the group holds processes (world ranks {sorted(strangers)}) "
-                               f"that are not in this communicator")
+            raise MPIException(ERR_GROUP, f"Comm.Create: the group holds processes (world ranks "
+                                          f"{sorted(strangers)}) that are not in this communicator")
         me = mine[self._comm.rank]
         colour, key = (min(members), members.index(me)) if me in members else (None, 0)
         return self._derived(self._comm.split(colour, key), Intracomm)
@@ -399,13 +394,17 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
         """
         handle = self._handle()
         if handle.predefined:
-            raise MPIException("MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed")
+            raise MPIException(ERR_COMM, "MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed")
         self._delete_attributes()
         self._h = None
         _table.forget(handle)
         handle.communicator.close()
 
-    free = Free
+    def free(self) -> None:
+        """Free, where this is a communicator that can be freed (not null, not predefined)."""
+        handle = self._handle_or_none()
+        if handle is not None and not handle.predefined:
+            self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
         """Release every rank blocked on this communicator and exit this process with `errorcode`."""
@@ -434,6 +433,32 @@ class Intercomm(Comm):
     def _check_kind(cls, handle: _Handle | None) -> None:
         if handle is not None:
             raise TypeError("Intercomm: the communicator is an intra-communicator")
+
+    def _refuse(self, what: str) -> None:
+        self._handle()   # MPI.COMM_NULL: an invalid communicator, as in MPI
+        raise NotImplementedError(f"inter-communicators (Intercomm.{what}) are not supported by the colls "
+                                  f"mpi4py facade")
+
+    def Get_remote_group(self) -> Group:
+        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
+        self._refuse("Get_remote_group")
+
+    def Get_remote_size(self) -> int:
+        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
+        self._refuse("Get_remote_size")
+
+    def Merge(self, high: bool = False) -> Intracomm:
+        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
+        self._refuse("Merge")
+
+    remote_group = property(Get_remote_group, doc="Not supported: inter-communicators.")
+    remote_size = property(Get_remote_size, doc="Not supported: inter-communicators.")
+
+    @classmethod
+    def Create_from_groups(cls, *args: object, **kwargs: object) -> Intercomm:
+        """Not supported: inter-communicators."""
+        raise NotImplementedError("inter-communicators (Intercomm.Create_from_groups) are not supported by "
+                                  "the colls mpi4py facade")
 
 
 class _World(Intracomm):
@@ -476,6 +501,10 @@ class _Self(Intracomm):
 
     def _kind(self) -> type:
         return Intracomm
+
+
+def _null_communicator() -> MPIException:
+    return MPIException(ERR_COMM, "invalid communicator: MPI.COMM_NULL (or a freed communicator)")
 
 
 def _predefined(communicator: Communicator, name: str, from_self: bool) -> _Handle:

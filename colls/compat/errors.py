@@ -75,6 +75,11 @@ ERROR_CLASSES: dict[str, tuple[int, str]] = {
 }
 _STRINGS = {code: text for code, text in ERROR_CLASSES.values()}
 ERR_OTHER = ERROR_CLASSES["ERR_OTHER"][0]
+ERR_UNKNOWN = ERROR_CLASSES["ERR_UNKNOWN"][0]
+ERR_ARG, ERR_COMM = ERROR_CLASSES["ERR_ARG"][0], ERROR_CLASSES["ERR_COMM"][0]
+ERR_GROUP = ERROR_CLASSES["ERR_GROUP"][0]
+ERR_INFO, ERR_INFO_NOKEY = ERROR_CLASSES["ERR_INFO"][0], ERROR_CLASSES["ERR_INFO_NOKEY"][0]
+ERR_KEYVAL = ERROR_CLASSES["ERR_KEYVAL"][0]
 
 
 def Get_error_string(errorcode: int) -> str:
@@ -90,16 +95,21 @@ def Get_error_class(errorcode: int) -> int:
 
 
 class MPIException(RuntimeError):
-    """An MPI error (mpi4py's MPI.Exception): `MPI.Exception(MPI.ERR_GROUP)`, or with a message.
+    """An MPI error (mpi4py's MPI.Exception), which compares and hashes as its error code.
 
     Args:
-        ierr: an error code (MPI.ERR_*), or a message (the error class is then MPI.ERR_OTHER).
+        ierr: an error code (MPI.ERR_*; below MPI.SUCCESS: MPI.ERR_UNKNOWN), or a message (the
+            error class is then MPI.ERR_OTHER).
+        message: the text to show instead of the code's standard one.
     """
 
-    def __init__(self, ierr: int | str = SUCCESS, *args: object) -> None:
-        super().__init__(ierr, *args)
-        self._code = ierr if isinstance(ierr, int) else ERR_OTHER
-        self._text = Get_error_string(ierr) if isinstance(ierr, int) else str(ierr)
+    def __init__(self, ierr: int | str = SUCCESS, message: str | None = None) -> None:
+        super().__init__(ierr) if message is None else super().__init__(ierr, message)
+        if isinstance(ierr, int):
+            self._code = ierr if ierr >= SUCCESS else ERR_UNKNOWN
+            self._text = Get_error_string(self._code) if message is None else message
+        else:
+            self._code, self._text = ERR_OTHER, str(ierr)
 
     def __str__(self) -> str:
         return self._text
@@ -109,6 +119,37 @@ class MPIException(RuntimeError):
 
     def __int__(self) -> int:
         return self.error_code
+
+    def __hash__(self) -> int:
+        return hash(self.error_code)
+
+    def __bool__(self) -> bool:
+        return self.error_code != SUCCESS
+
+    def _other(self, other: object) -> int | None:
+        if isinstance(other, MPIException):
+            return other.error_code
+        return int(other) if isinstance(other, int) else None
+
+    def __eq__(self, other: object) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.error_code == value
+
+    def __lt__(self, other: object) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.error_code < value
+
+    def __le__(self, other: object) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.error_code <= value
+
+    def __gt__(self, other: object) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.error_code > value
+
+    def __ge__(self, other: object) -> bool:
+        value = self._other(other)
+        return NotImplemented if value is None else self.error_code >= value
 
     @property
     def error_code(self) -> int:

@@ -11,6 +11,7 @@ import operator
 from collections.abc import Sequence
 
 from .datatypes import UNDEFINED
+from .errors import ERR_ARG, ERR_GROUP, MPIException
 from .handles import HandleTable
 from .request import PROC_NULL
 
@@ -51,7 +52,7 @@ class Group:
     @property
     def _members(self) -> tuple[int, ...]:
         if self._h is None:
-            raise ValueError("MPI.GROUP_NULL: an invalid group (freed, or never made)")
+            raise MPIException(ERR_GROUP, "invalid group: MPI.GROUP_NULL (or a freed group)")
         return self._h
 
     def __eq__(self, other: object) -> bool:
@@ -59,8 +60,7 @@ class Group:
             return NotImplemented
         return self._h == other._h
 
-    def __hash__(self) -> int:
-        return hash(self._h)
+    __hash__ = None   # type: ignore[assignment] - handles are unhashable in mpi4py
 
     def __bool__(self) -> bool:
         return self._h is not None
@@ -118,7 +118,7 @@ class Group:
         """The ranks in `group` (default: the world's group) of the processes `ranks` of this group.
 
         Raises:
-            ValueError: a rank is not in 0..size-1 (nor MPI.PROC_NULL).
+            MPIException: a rank is not in 0..size-1 (nor MPI.PROC_NULL).
         """
         members = self._members
         ranks = list(range(len(members))) if ranks is None else [operator.index(r) for r in ranks]
@@ -129,7 +129,8 @@ class Group:
                 translated.append(PROC_NULL)
                 continue
             if not 0 <= rank < len(members):
-                raise ValueError(f"Group.Translate_ranks: rank {rank} is not in this group of {len(members)}")
+                raise MPIException(ERR_ARG, f"Group.Translate_ranks: rank {rank} is not in this group of "
+                                            f"{len(members)}")
             process = members[rank]
             if target is None:
                 translated.append(process)
@@ -174,7 +175,7 @@ class Group:
         """The group of the processes `ranks` of this group, in that order.
 
         Raises:
-            ValueError: a rank is out of range or given twice.
+            MPIException: a rank is out of range or given twice.
         """
         return Group._of([self._members[r] for r in self._checked(ranks, "Incl")])
 
@@ -196,7 +197,8 @@ class Group:
         size = len(self._members)
         bad = [r for r in ranks if not 0 <= r < size]
         if bad or len(set(ranks)) != len(ranks):
-            raise ValueError(f"Group.{what}: ranks {ranks} must be distinct ranks of this group of {size}")
+            raise MPIException(ERR_ARG, f"Group.{what}: ranks {ranks} must be distinct ranks of this group "
+                                        f"of {size}")
         return ranks
 
     def Free(self) -> None:
@@ -205,7 +207,10 @@ class Group:
         if self is not GROUP_EMPTY:
             self._h = None
 
-    free = Free
+    def free(self) -> None:
+        """Free, where this is a group that can be freed (not null, not MPI.GROUP_EMPTY)."""
+        if self._h is not None and self is not GROUP_EMPTY:
+            self.Free()
 
     @classmethod
     def Create_from_session_pset(cls, session: object, pset_name: str) -> Group:
@@ -218,7 +223,7 @@ def _ranges(triplets: Sequence[tuple[int, int, int]]) -> list[int]:
     ranks: list[int] = []
     for first, last, stride in triplets:
         if stride == 0:
-            raise ValueError("Group.Range_incl/Range_excl: a stride of 0")
+            raise MPIException(ERR_ARG, "Group.Range_incl/Range_excl: a stride of 0")
         ranks.extend(range(first, last + (1 if stride > 0 else -1), stride))
     return ranks
 

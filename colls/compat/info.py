@@ -12,14 +12,19 @@ import platform
 import sys
 from collections.abc import Iterable, Iterator
 
+from .errors import ERR_ARG, ERR_INFO, ERR_INFO_NOKEY, MPIException
 from .handles import HandleTable
 
 _table = HandleTable()
 _MISSING = object()
 
 
-class InfoError(KeyError):
-    """A key/value operation on MPI.INFO_NULL, or a key that is not there."""
+class InfoError(MPIException, KeyError):
+    """MPI.INFO_NULL used, or a key that is not there: an MPI error, and a KeyError to the dict-like
+    methods."""
+
+    def __str__(self) -> str:
+        return self._text
 
 
 class Info:
@@ -44,8 +49,7 @@ class Info:
             return NotImplemented
         return self._h is other._h
 
-    def __hash__(self) -> int:
-        return id(self._h)
+    __hash__ = None   # type: ignore[assignment] - handles are unhashable in mpi4py
 
     def __bool__(self) -> bool:
         return self._h is not None
@@ -59,10 +63,10 @@ class Info:
         if self is INFO_ENV:
             return "INFO_ENV"
         if self._h is None:
-            return (Info, ())
+            return (type(self), ())
         if self._h is INFO_ENV._h:
-            return (Info, (INFO_ENV,))
-        return (_rebuild, (list(self._h.items()),))
+            return (type(self), (INFO_ENV,))
+        return (_rebuild, (type(self), list(self._h.items())))
 
     def toint(self) -> int:
         """This handle as an int (`Info.fromint` gives it back)."""
@@ -115,11 +119,14 @@ class Info:
             _table.forget(self._h)
             self._h = None
 
-    free = Free
+    def free(self) -> None:
+        """Free, where this is an info object that can be freed (not null, not MPI.INFO_ENV)."""
+        if self._h is not None and self is not INFO_ENV:
+            self.Free()
 
     def Dup(self) -> Info:
-        """A new info object with the same keys and values."""
-        return _rebuild(list(self._live().items()))
+        """A new info object (of this one's class) with the same keys and values."""
+        return _rebuild(type(self), list(self._live().items()))
 
     def Get(self, key: str) -> str | None:
         """The value of `key`, or None when it is not set."""
@@ -133,11 +140,11 @@ class Info:
         """Remove `key`.
 
         Raises:
-            KeyError: `key` is not set (MPI_ERR_INFO_NOKEY).
+            MPIException: `key` is not set (MPI.ERR_INFO_NOKEY; also a KeyError).
         """
         table = self._live()
         if _key(key) not in table:
-            raise InfoError(key)
+            raise InfoError(ERR_INFO_NOKEY, f"Info.Delete: no key {key!r}")
         del table[key]
 
     def Get_nkeys(self) -> int:
@@ -148,18 +155,18 @@ class Info:
         """The `n`-th key, in the order set.
 
         Raises:
-            IndexError: `n` is not in 0..Get_nkeys()-1.
+            MPIException: `n` is not in 0..Get_nkeys()-1 (MPI.ERR_ARG).
         """
         keys = list(self._live())
         if not 0 <= n < len(keys):
-            raise IndexError(f"Info.Get_nthkey: n={n} is not in 0..{len(keys) - 1}")
+            raise MPIException(ERR_ARG, f"Info.Get_nthkey: n={n} is not in 0..{len(keys) - 1}")
         return keys[n]
 
     # -- mpi4py's dict-like methods (INFO_NULL reads as empty and refuses writes) -------------------
 
     def _live(self) -> dict[str, str]:
         if self._h is None:
-            raise InfoError("MPI.INFO_NULL: no keys can be set or removed")
+            raise InfoError(ERR_INFO, "invalid info: MPI.INFO_NULL (or a freed info)")
         return self._h
 
     def _view(self) -> dict[str, str]:
@@ -226,7 +233,7 @@ class Info:
 
     def copy(self) -> Info:
         """A new info object with the same keys (MPI.INFO_NULL's copy is a null handle)."""
-        return Info() if self._h is None else self.Dup()
+        return type(self)() if self._h is None else self.Dup()
 
     def clear(self) -> None:
         """Remove every key."""
@@ -240,8 +247,8 @@ def _key(key: object) -> str:
     return key
 
 
-def _rebuild(items: list[tuple[str, str]]) -> Info:
-    return Info.Create(items)
+def _rebuild(cls: type, items: list[tuple[str, str]]) -> Info:
+    return cls.Create(items)
 
 
 def _environment(args: object = None) -> dict[str, str]:

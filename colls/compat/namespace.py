@@ -116,18 +116,44 @@ class Unsupported:
 
     feature = ""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(f"{self.feature} is not supported by the colls mpi4py facade")
+    def __new__(cls, *args: object, **kwargs: object) -> Unsupported:
+        raise NotImplementedError(f"{cls.feature} is not supported by the colls mpi4py facade")
+
+    def __init_subclass__(cls, feature: str = "", **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.feature = feature or cls.feature
 
     def __bool__(self) -> bool:
         return False
 
+    def __eq__(self, other: object) -> bool:   # every object is the null handle of its class
+        return isinstance(other, Unsupported) and _root(type(self)) is _root(type(other))
+
+    __hash__ = None   # type: ignore[assignment] - handles are unhashable in mpi4py
+
+    def __reduce__(self) -> object:
+        return (null_of, (type(self),))
+
+    def free(self) -> None:
+        """Nothing to free: the null handle."""
+
+
+def _root(cls: type) -> type:
+    """The facade's class under user subclasses (Win for a subclass of MPI.Win)."""
+    return next(c for c in reversed(cls.__mro__) if issubclass(c, Unsupported) and c is not Unsupported)
+
+
+def null_of(cls: type) -> Unsupported:
+    """The null handle of an out-of-scope class."""
+    return object.__new__(cls)
+
 
 def _refusing_class(name: str, feature: str, members: str) -> type:
-    namespace: dict[str, Any] = {"feature": feature, "__doc__": f"Not supported: {feature}."}
+    namespace: dict[str, Any] = {"__doc__": f"Not supported: {feature}."}
     for member in members.split():
-        namespace[member] = staticmethod(_refusal(feature, f"{name}.{member}"))
-    return type(name, (Unsupported,), namespace)
+        if not hasattr(Unsupported, member):   # (free: the null handle's, a no-op)
+            namespace[member] = staticmethod(_refusal(feature, f"{name}.{member}"))
+    return type(name, (Unsupported,), namespace, feature=feature)
 
 
 def flush_buffer() -> None:
@@ -175,7 +201,7 @@ def complete(namespace: dict[str, Any]) -> list[str]:
     for name, cls_name in NULLS.items():
         if namespace.get(name) is None:
             namespace.pop(name, None)
-            add(name, object.__new__(namespace[cls_name]))
+            add(name, null_of(namespace[cls_name]))
     comm = namespace["Comm"]
     for feature, names in COMM_METHODS.items():
         for name in names.split():
