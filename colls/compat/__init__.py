@@ -15,6 +15,7 @@ from typing import Any
 
 from . import MPI
 from .comm import bind
+from .rc import Rc
 
 __all__ = ["MPI", "bind", "install", "spawn"]
 
@@ -25,11 +26,11 @@ def install() -> types.ModuleType:
     package.MPI = MPI   # type: ignore[attr-defined]
     package.__version__ = "4.1.2"   # type: ignore[attr-defined] - the mpi4py API the facade follows
     package.__path__ = []   # type: ignore[attr-defined] - a package, so `import mpi4py.MPI` works
-    package.rc = types.SimpleNamespace(initialize=True, threads=True, thread_level="multiple",
-                                       finalize=None, fast_reduce=True, recv_mprobe=True)  # type: ignore
+    package.rc = Rc()   # type: ignore[attr-defined]
     package.get_include = package.get_config = _no_build_support   # type: ignore[attr-defined]
     sys.modules["mpi4py"] = package
     sys.modules["mpi4py.MPI"] = MPI
+    sys.modules["mpi4py.rc"] = package.rc   # type: ignore[assignment] - `import mpi4py.rc` works
     from . import util
     from .util import pkl5
 

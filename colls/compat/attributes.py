@@ -5,13 +5,15 @@ of it. Keyvals are numbered per process. Of MPI's predefined attributes, `TAG_UB
 the transport carries, `IO` is MPI.ANY_SOURCE (every rank can do I/O), `WTIME_IS_GLOBAL` 0, `APPNUM` 0,
 `UNIVERSE_SIZE` None (no dynamic processes), `LASTUSEDCODE` the last predefined error code.
 
-Error handlers are kept as MPI keeps them (`Get_errhandler` hands back what `Set_errhandler` set,
-MPI.ERRORS_RETURN by default, as under mpi4py): the facade always raises an exception on error.
+Error handlers are kept as MPI keeps them (`Get_errhandler` hands back what `Set_errhandler` set;
+by default what `mpi4py.rc.errors` asks for, MPI.ERRORS_RETURN unless set): whatever the handler,
+the facade raises an exception on error.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +108,14 @@ ERRORS_RETURN = Errhandler._named("ERRORS_RETURN")
 ERRORS_ARE_FATAL = Errhandler._named("ERRORS_ARE_FATAL")
 ERRORS_ABORT = Errhandler._named("ERRORS_ABORT")
 _CONSTANTS = (ERRHANDLER_NULL, ERRORS_RETURN, ERRORS_ARE_FATAL, ERRORS_ABORT)
+
+
+def default_errhandler() -> Errhandler:
+    """The error handler of COMM_WORLD and COMM_SELF, as `mpi4py.rc.errors` chooses it ("exception",
+    the default: MPI.ERRORS_RETURN; "default" or "fatal": ERRORS_ARE_FATAL; "abort": ERRORS_ABORT)."""
+    errors = getattr(getattr(sys.modules.get("mpi4py"), "rc", None), "errors", "exception")
+    return {"default": ERRORS_ARE_FATAL, "fatal": ERRORS_ARE_FATAL, "abort": ERRORS_ABORT}.get(errors,
+                                                                                             ERRORS_RETURN)
 
 
 class Attributes:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import colls
 from colls.communicator import Communicator
 
-from .attributes import ERRORS_RETURN, Attributes
+from .attributes import Attributes, default_errhandler
 from .blocks import BlockCollectives
 from .datatypes import UNDEFINED
 from .errors import ERR_COMM, ERR_GROUP, MPIException
@@ -91,7 +91,7 @@ class _Handle:
         self.from_self = from_self   # made from COMM_SELF: its one process is this one
         self.info = {} if info is None else info
         self.attrs: dict[int, object] = {}
-        self.errhandler = ERRORS_RETURN
+        self.errhandler = default_errhandler()
         self.topology = topology
         self.predefined = False
 
