@@ -111,13 +111,20 @@ def _refusal(feature: str, name: str) -> Any:
 
 
 class Unsupported:
-    """A class of mpi4py for a feature the facade leaves out: making one, or calling any of its
-    methods, raises NotImplementedError naming the feature (its null handle exists)."""
+    """A class of mpi4py for a feature the facade leaves out: only its null handle exists (`Win()`,
+    MPI.WIN_NULL); its constructors and methods raise NotImplementedError naming the feature."""
 
     feature = ""
 
-    def __new__(cls, *args: object, **kwargs: object) -> Unsupported:
-        raise NotImplementedError(f"{cls.feature} is not supported by the colls mpi4py facade")
+    def __new__(cls, handle: object = None) -> Unsupported:
+        if handle is not None and not (isinstance(handle, Unsupported) and _root(type(handle)) is _root(cls)):
+            raise TypeError(f"{cls.__name__}: expecting an MPI.{_root(cls).__name__}, got "
+                            f"{type(handle).__name__}")
+        return object.__new__(cls)   # the null handle, the only one there is
+
+    def Get_name(self) -> str:
+        """The null handle's name (MPI_WIN_NULL, ...)."""
+        return f"MPI_{_root(type(self)).__name__.upper()}_NULL"
 
     def __init_subclass__(cls, feature: str = "", **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
