@@ -8,7 +8,8 @@
 - neighbour collectives pair repeated neighbours as MPI does (mpi4py's suite sends equal values
   everywhere, so it cannot tell): in a periodic dimension of size 1 or 2, the block a rank sends in
   the positive direction is the one its neighbour receives from the negative side (MPICH agrees);
-- `mpi4py.rc.initialize = False`: COMM_WORLD raises MPI.Exception until MPI.Init.
+- `mpi4py.rc.initialize = False`: COMM_WORLD raises MPI.Exception until MPI.Init;
+- `Split_type(COMM_TYPE_SHARED)` groups ranks by host (`colls run --hosts`: virtual hosts).
 """
 
 from __future__ import annotations
@@ -133,3 +134,26 @@ def test_rc_initialize_false_requires_init() -> None:
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+SPLIT_BY_HOST = """
+from mpi4py import MPI
+import numpy as np
+world = MPI.COMM_WORLD
+node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+total = np.zeros(1, "i")
+node.Allreduce(np.array([world.rank], "i"), total)
+print(world.rank, node.rank, node.size, int(total[0]), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_split_type_shared_groups_ranks_by_host(tmp_path) -> None:
+    script = tmp_path / "split.py"
+    script.write_text(SPLIT_BY_HOST)
+    done = subprocess.run([sys.executable, "-m", "colls.cli", "run", "--as-mpi4py", "-n", "4", "--hosts", "2",
+                           "--timeout", "90", str(script)], capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    lines = sorted(tuple(map(int, line.split())) for line in done.stdout.split("\n") if line.strip())
+    # virtual hosts of consecutive ranks: {0, 1} and {2, 3}
+    assert lines == [(0, 0, 2, 1), (1, 1, 2, 1), (2, 0, 2, 5), (3, 1, 2, 5)]
