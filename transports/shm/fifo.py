@@ -76,8 +76,8 @@ class In(Request):
 
     `data` is where the message's bytes go and `size` how many come: the buffer whole until a
     message is matched (`matching`), then its first bytes for a shorter one, or a scratch buffer
-    for one that does not fit. `seq` orders posted receives; a stash `claimed` by `improbe` goes
-    to its `claimant` (`mrecv`) only.
+    for one that does not fit. `seq` orders posted receives; a stash `claimed` (by `improbe`, or
+    by a receive while it still arrives) goes to its `claimant` only.
     """
 
     __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry", "helpable", "size", "seq", "claimed",
@@ -91,10 +91,7 @@ class In(Request):
         self.size = self.nbytes
         self.reducer = reducer
         self.pos = 0
-        self.stash = stash
-        self.seq = 0
-        self.claimed = False
-        self.claimant: In | None = None
+        self.stash = stash   # (`seq` is set when it is posted; `claimed`, `claimant` for a stash)
         self.helpable = helpable   # its sender may be asked to copy half (not a sendrecv's: `help`)
         self.carry: np.ndarray | None = None   # the bytes of an element split between two chunks
 

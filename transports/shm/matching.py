@@ -49,21 +49,21 @@ class Matching:
         """`Transport.irecv`: `peer` may be ANY_SOURCE, `tag` ANY_TAG."""
         check_buffer(buf, "shm receive")
         request = In(peer, tag, buf, None, helpable=True)
-        self.lock.acquire()   # (a `with` costs twice as much)
+        self._acquire()   # (a `with` costs twice as much)
         try:
             return self._post(request)
         finally:
-            self.lock.release()
+            self._release()
 
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> In:
         """`Transport.irecv_reduce` (exact sizes only: no wildcard takes a collective's message)."""
         check_buffer(buf, "shm receive-reduce")
         request = In(peer, tag, buf, reducer)
-        self.lock.acquire()
+        self._acquire()
         try:
             return self._post(request)
         finally:
-            self.lock.release()
+            self._release()
 
     def _post(self, request: In) -> In:
         """Post a receive, numbered; a message already taken aside may complete it at once."""
@@ -115,6 +115,7 @@ class Matching:
         """Take the message at the head of `peer`'s FIFO aside, into a buffer of its own (the rare,
         allocating path: messages out of the order of receives)."""
         stash = In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
+        stash.claimed, stash.claimant = False, None
         self.stashed[peer].append(stash)
         return stash
 
@@ -189,7 +190,7 @@ class Matching:
         """
         check_buffer(buf, "shm matched receive")
         stash = message.handle
-        if not isinstance(stash, In) or not stash.claimed or stash.claimant is not None:
+        if not isinstance(stash, In) or not stash.stash or not stash.claimed or stash.claimant is not None:
             raise ValueError(f"rank {self.rank}: mrecv needs a message improbe returned, received once; "
                              f"got {message!r}")
         with self.lock:

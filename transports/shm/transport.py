@@ -139,6 +139,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
         self.wild: list[In] = []                                   # ANY_SOURCE receives
         self.posts = 0                                             # receives posted (their `seq`)
         self.lock = threading.Lock()
+        self._acquire, self._release = self.lock.acquire, self.lock.release
         self.current: list[In | None] = [None] * size
         self.stashed: list[list[In]] = [[] for _ in range(size)]
         self.active_out: set[int] = set()
@@ -175,7 +176,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
         once (a request born done); anything else is queued and pushed as slots free up."""
         check_buffer(buf, "shm send")
         region = self._registered(buf)   # (looked up once: a registered message goes by its region)
-        self.lock.acquire()
+        self._acquire()
         try:
             if region is None and self._send_now(buf, peer, tag):
                 sent = Request("send", peer, tag, buf.nbytes)
@@ -183,7 +184,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
                 return sent
             return self._isend(buf, peer, tag, buf.nbytes >= self.rendezvous_bytes, region)
         finally:
-            self.lock.release()
+            self._release()
 
     def _isend(self, buf: np.ndarray, peer: int, tag: int, rendezvous: bool,
                region: registered.Region | None = None, pushable: bool = False) -> Out:
@@ -249,7 +250,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
         check_buffer(recv_buf, "shm receive")   # (before any byte moves)
         if send_buf is not None and send_buf is not recv_buf:
             check_buffer(send_buf, "shm send")
-        self.lock.acquire()
+        self._acquire()
         try:
             if send_buf is None:
                 send = None
@@ -264,7 +265,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
                 send = self._exchange_send(send_buf, dst, tag, reducer is not None, recv_buf)
             waits = self._exchange_receive(send, recv_buf, src, tag, reducer)
         finally:
-            self.lock.release()
+            self._release()
         if waits:
             self.wait_all(waits, deadline)
 
@@ -419,11 +420,13 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
             if not request.done:
                 break
         else:
-            return self._raise_error(requests)
+            for request in requests:
+                if request.error is not None:
+                    raise request.error
+            return
         backoff = Backoff(self.spin_polls)
         next_liveness = time.monotonic() + LIVENESS_PERIOD_S
-        lock = self.lock
-        acquire, release = lock.acquire, lock.release   # (a `with` costs twice as much)
+        acquire, release = self._acquire, self._release   # (a `with` costs twice as much)
         try:
             while True:
                 acquire()
@@ -434,7 +437,10 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
                 if moved:
                     backoff.reset()
                 if all(r.done for r in requests):
-                    return self._raise_error(requests)
+                    for request in requests:
+                        if request.error is not None:
+                            raise request.error
+                    return
                 now = time.monotonic()
                 if now >= deadline:
                     raise timeout_error(requests, deadline)
@@ -444,16 +450,9 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
                     self._check_alive(requests)
                 backoff.pause()
         except BaseException:   # my buffers are given back: no helping sender may write them now
-            with lock:
+            with self.lock:
                 self._withdraw_help(requests)
             raise
-
-    @staticmethod
-    def _raise_error(requests: Sequence[Request]) -> None:
-        """Raise the error of the first of `requests` that has one (all done)."""
-        for request in requests:
-            if request.error is not None:
-                raise request.error
 
     # -- groups and teardown ---------------------------------------------------------------------
 
