@@ -1,12 +1,13 @@
-"""`ShmTransport`: posting, matching and progress over the FIFOs of `fifo`.
+"""`ShmTransport`: posting and progress over the FIFOs of `fifo` (which receive a message goes to:
+`matching`).
 
 Each rank owns one segment: a header page (`liveness`), then an inbound FIFO from every rank. A
 message below the rendezvous size (`options`) is cut into chunks that pipeline through the
 receiver's slots; a bigger one goes as one header naming the sender's buffer, read whole by the
 receiver (`rendezvous`). Posted requests move in `progress` passes, which `wait_all` drives with
 its deadline and liveness checks; the blocking `sendrecv` first tries the request-free `direct`
-path. x86-64 only: ordering relies on its total store order (data stored before head is seen
-before head), and numpy's stores are plain stores.
+path. One lock makes it safe from several threads. x86-64 only: ordering relies on its total store
+order (data stored before head is seen before head), and numpy's stores are plain stores.
 """
 
 from __future__ import annotations
