@@ -207,7 +207,7 @@ class Topocomm(Intracomm):
     outdegree = property(lambda self: len(self.outedges), doc="Number of out-neighbours.")
     degrees = property(lambda self: (self.indegree, self.outdegree), doc="(indegree, outdegree).")
 
-    def _exchange(self, what: str, send: Sequence[np.ndarray], recv: Sequence[np.ndarray]) -> None:
+    def _neighbour_exchange(self, what: str, send: Sequence[np.ndarray], recv: Sequence[np.ndarray]) -> None:
         """Block i of `send` to out-neighbour i, block j of `recv` from in-neighbour j (collective)."""
         rank = self._comm.rank
         topology = self._topology()
@@ -217,19 +217,20 @@ class Topocomm(Intracomm):
                              f"{len(destinations)} out- and {len(sources)} in-neighbours")
         sends = _rounds(destinations, topology.send_order(rank))
         receives = _rounds(sources, range(len(sources)))
+        rounds = [(sends[k] if k < len(sends) else [], receives[k] if k < len(receives) else [])
+                  for k in range(max(len(sends), len(receives)))]
+        to_self = [([i for i, peer in outgoing if peer == rank], [j for j, peer in incoming if peer == rank])
+                   for outgoing, incoming in rounds]
+        if any(len(out) != len(back) or any(send[i].size != recv[j].size
+                                            for i, j in zip(out, back, strict=False))
+               for out, back in to_self):   # checked before any byte moves
+            raise MPIException(f"{what}: rank {rank} is its own neighbour, but its blocks to and from itself "
+                               f"do not pair up")
         channel = self._channel(what)
-        for k in range(max(len(sends), len(receives))):
-            outgoing = sends[k] if k < len(sends) else []
-            incoming = receives[k] if k < len(receives) else []
-            to_self = [i for i, peer in outgoing if peer == rank]
-            from_self = [j for j, peer in incoming if peer == rank]
-            if len(to_self) != len(from_self) or any(send[i].size != recv[j].size
-                                                     for i, j in zip(to_self, from_self, strict=False)):
-                raise MPIException(f"{what}: rank {rank} is its own neighbour, but its blocks to and from "
-                                   f"itself do not pair up")
+        for (outgoing, incoming), (out, back) in zip(rounds, to_self, strict=True):
             requests = [channel.recv(recv[j], peer) for j, peer in incoming if peer != rank and recv[j].size]
             requests += [channel.send(send[i], peer) for i, peer in outgoing if peer != rank and send[i].size]
-            for i, j in zip(to_self, from_self, strict=False):
+            for i, j in zip(out, back, strict=True):
                 recv[j][...] = send[i]
             channel.wait(*requests)
 
@@ -237,7 +238,7 @@ class Topocomm(Intracomm):
         """Send the same buffer to every out-neighbour; block j of `recvbuf` from in-neighbour j."""
         data = simple(sendbuf, writable=False).data()
         received = simple(recvbuf, writable=True, blocks=self.indegree)
-        self._exchange("Neighbor_allgather", [data] * self.outdegree,
+        self._neighbour_exchange("Neighbor_allgather", [data] * self.outdegree,
                        [received.block(j) for j in range(self.indegree)])
         received.received()
 
@@ -245,7 +246,7 @@ class Topocomm(Intracomm):
         """Neighbor_allgather with per-neighbour counts and displacements in `recvbuf`."""
         data = simple(sendbuf, writable=False).data()
         received = vector(recvbuf, writable=True, blocks=self.indegree)
-        self._exchange("Neighbor_allgatherv", [data] * self.outdegree,
+        self._neighbour_exchange("Neighbor_allgatherv", [data] * self.outdegree,
                        [received.block(j) for j in range(self.indegree)])
         received.received()
 
@@ -253,7 +254,7 @@ class Topocomm(Intracomm):
         """Block i of `sendbuf` to out-neighbour i; block j of `recvbuf` from in-neighbour j."""
         sent = simple(sendbuf, writable=False, blocks=self.outdegree)
         received = simple(recvbuf, writable=True, blocks=self.indegree)
-        self._exchange("Neighbor_alltoall", [sent.block(i) for i in range(self.outdegree)],
+        self._neighbour_exchange("Neighbor_alltoall", [sent.block(i) for i in range(self.outdegree)],
                        [received.block(j) for j in range(self.indegree)])
         received.received()
 
@@ -261,7 +262,7 @@ class Topocomm(Intracomm):
         """Neighbor_alltoall with per-neighbour counts and displacements on both sides."""
         sent = vector(sendbuf, writable=False, blocks=self.outdegree)
         received = vector(recvbuf, writable=True, blocks=self.indegree)
-        self._exchange("Neighbor_alltoallv", [sent.block(i) for i in range(self.outdegree)],
+        self._neighbour_exchange("Neighbor_alltoallv", [sent.block(i) for i in range(self.outdegree)],
                        [received.block(j) for j in range(self.indegree)])
         received.received()
 
@@ -269,7 +270,7 @@ class Topocomm(Intracomm):
         """Neighbor_alltoall with per-neighbour counts, byte displacements and datatypes."""
         sent = schedules._w_messages(sendbuf, False, self.outdegree)   # (per-peer messages, as Alltoallw)
         received = schedules._w_messages(recvbuf, True, self.indegree)
-        self._exchange("Neighbor_alltoallw", [message.data() for message in sent],
+        self._neighbour_exchange("Neighbor_alltoallw", [message.data() for message in sent],
                        [message.data() for message in received])
         for message in received:
             message.received()
@@ -305,9 +306,10 @@ class Topocomm(Intracomm):
         payloads = [np.frombuffer(codec.dumps(obj), np.uint8) for obj in objects]
         sizes = [np.array([p.size], np.int64) for p in payloads]
         incoming_sizes = [np.zeros(1, np.int64) for _ in range(self.indegree)]
-        self._exchange(what, [s.view(np.uint8) for s in sizes], [s.view(np.uint8) for s in incoming_sizes])
+        self._neighbour_exchange(what, [size.view(np.uint8) for size in sizes],
+                                 [size.view(np.uint8) for size in incoming_sizes])
         incoming = [np.empty(int(s[0]), np.uint8) for s in incoming_sizes]
-        self._exchange(what, payloads, incoming)
+        self._neighbour_exchange(what, payloads, incoming)
         return [codec.loads(data.tobytes()) if peer != PROC_NULL else None
                 for peer, data in zip(self.inedges, incoming, strict=False)]
 
