@@ -43,7 +43,6 @@ from .comm import (
     SIMILAR,
     UNEQUAL,
     Comm,
-    Intercomm,
     Intracomm,
 )
 from .comm import MPIException as Exception  # noqa: A004 - mpi4py's name
@@ -53,6 +52,7 @@ from .errors import ERROR_CLASSES as _ERROR_CLASSES
 from .errors import Get_error_class, Get_error_string
 from .group import GROUP_EMPTY, GROUP_NULL, Group
 from .info import INFO_ENV, INFO_NULL, Info
+from .intercomm import Intercomm
 from .memory import Alloc_mem, Free_mem, buffer, memory
 from .objects import ERR_ROOT, Pickle, _comm_lock_table, pickle
 from .ops import (

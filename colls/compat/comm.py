@@ -32,7 +32,7 @@ from .schedules import ScheduledCollectives
 from .topology import Constructors
 
 __all__ = ["COMM_NULL", "COMM_SELF", "COMM_WORLD", "CONGRUENT", "IDENT", "SIMILAR", "UNEQUAL", "Comm",
-           "Intercomm", "Intracomm", "MPIException", "bind"]
+           "Intracomm", "MPIException", "bind"]
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = 1, 2, 3, 4
 _HW_RESOURCE, _SHARED_MEMORY = "mpi_hw_resource_type", "mpi_shared_memory"
@@ -97,13 +97,6 @@ class _Handle:
 
 
 _predefined_handles: weakref.WeakKeyDictionary[Communicator, _Handle] = weakref.WeakKeyDictionary()
-
-
-def _unsupported(feature: str):
-    def method(self, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(f"{feature} is not supported by the colls mpi4py facade")
-    method.__doc__ = f"Not supported: {feature}."
-    return method
 
 
 class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCollectives):
@@ -416,49 +409,16 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
         os._exit(errorcode if 0 < errorcode < 256 else 1)
 
     @classmethod
-    def Get_parent(cls) -> Intercomm:
+    def Get_parent(cls) -> Comm:
         """The communicator to a parent that spawned this job: none (MPI.COMM_NULL), as colls spawns
         no processes."""
+        from .intercomm import Intercomm
+
         return Intercomm()
 
 
 class Intracomm(Comm):
     """An intra-communicator: every communicator of the facade."""
-
-
-class Intercomm(Comm):
-    """Inter-communicators are not supported: only the null one exists (`Comm.Get_parent()`)."""
-
-    @classmethod
-    def _check_kind(cls, handle: _Handle | None) -> None:
-        if handle is not None:
-            raise TypeError("Intercomm: the communicator is an intra-communicator")
-
-    def _refuse(self, what: str) -> None:
-        self._handle()   # MPI.COMM_NULL: an invalid communicator, as in MPI
-        raise NotImplementedError(f"inter-communicators (Intercomm.{what}) are not supported by the colls "
-                                  f"mpi4py facade")
-
-    def Get_remote_group(self) -> Group:
-        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
-        self._refuse("Get_remote_group")
-
-    def Get_remote_size(self) -> int:
-        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
-        self._refuse("Get_remote_size")
-
-    def Merge(self, high: bool = False) -> Intracomm:
-        """Not supported: inter-communicators (the null one raises MPI.ERR_COMM)."""
-        self._refuse("Merge")
-
-    remote_group = property(Get_remote_group, doc="Not supported: inter-communicators.")
-    remote_size = property(Get_remote_size, doc="Not supported: inter-communicators.")
-
-    @classmethod
-    def Create_from_groups(cls, *args: object, **kwargs: object) -> Intercomm:
-        """Not supported: inter-communicators."""
-        raise NotImplementedError("inter-communicators (Intercomm.Create_from_groups) are not supported by "
-                                  "the colls mpi4py facade")
 
 
 class _World(Intracomm):
