@@ -263,12 +263,17 @@ def _match(inbox: list[deque[_Send]], peer: int, tag: int) -> _Send | None:
 def _deliver(send: _Send, recv: _Recv, src: int, dst: int) -> None:
     """Copy or reduce the sender's buffer into the receiver's, completing both requests. A
     point-to-point message may be shorter than the receive's buffer; a longer one completes the
-    receive with MessageTruncated (and the send normally)."""
+    receive with MessageTruncated (and the send normally); in a collective, any other size
+    completes the receive with CollectiveMismatch."""
     nbytes = send.nbytes
     if nbytes != recv.nbytes:
         if recv.tag >= COLLECTIVE_TAG_BASE or recv.reducer is not None:
-            raise CollectiveMismatch(f"rank {dst} posted a receive of {recv.nbytes} B from rank {src} "
-                                     f"(tag {recv.tag}) but rank {src} sent {nbytes} B")
+            # raised by the wait for this receive (not by whichever thread's progress found it);
+            # the send stays incomplete, as the sender's call is as wrong as this one
+            recv.error = CollectiveMismatch(f"rank {dst} posted a receive of {recv.nbytes} B from rank "
+                                            f"{src} (tag {recv.tag}) but rank {src} sent {nbytes} B")
+            recv.done = True
+            return
         if nbytes > recv.nbytes:
             recv.error = MessageTruncated(
                 f"rank {dst}: a message of {nbytes} B from rank {src} (tag {send.tag}) does not fit "
