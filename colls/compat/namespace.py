@@ -155,8 +155,8 @@ def null_of(cls: type) -> Unsupported:
     return object.__new__(cls)
 
 
-def _refusing_class(name: str, feature: str, members: str) -> type:
-    namespace: dict[str, Any] = {"__doc__": f"Not supported: {feature}."}
+def _refusing_class(name: str, feature: str, members: str, module: str) -> type:
+    namespace: dict[str, Any] = {"__doc__": f"Not supported: {feature}.", "__module__": module}
     for member in members.split():
         if not hasattr(Unsupported, member):   # (free: the null handle's, a no-op)
             namespace[member] = staticmethod(_refusal(feature, f"{name}.{member}"))
@@ -200,7 +200,7 @@ def complete(namespace: dict[str, Any]) -> list[str]:
     for name, (feature, members) in CLASSES.items():
         cls = namespace.get(name)
         if cls is None:
-            add(name, _refusing_class(name, feature, members))
+            add(name, _refusing_class(name, feature, members, namespace["__name__"]))
         else:
             for member in members.split():
                 if not hasattr(cls, member):
