@@ -5,9 +5,10 @@
   subprocess that does not initialize MPI); out-of-scope features raise NotImplementedError naming
   themselves;
 - `Compute_dims` gives MPICH's answers;
-- neighbour collectives pair repeated neighbours as MPI does (mpi4py's suite sends equal values
-  everywhere, so it cannot tell): in a periodic dimension of size 1 or 2, the block a rank sends in
-  the positive direction is the one its neighbour receives from the negative side (MPICH agrees);
+- neighbour collectives (and their persistent form) pair repeated neighbours as MPI does (mpi4py's
+  suite sends equal values everywhere, so it cannot tell): in a periodic dimension of size 1 or 2,
+  the block a rank sends in the positive direction is the one its neighbour receives from the
+  negative side (MPICH agrees);
 - `mpi4py.rc.initialize = False`: COMM_WORLD raises MPI.Exception until MPI.Init;
 - `Split_type(COMM_TYPE_SHARED)` groups ranks by host (`colls run --hosts`: virtual hosts).
 """
@@ -95,6 +96,13 @@ def _neighbour_exchanges(comm: colls.Communicator) -> list[list[int]]:
         received = np.full(2, -1, "i")
         graph.Neighbor_alltoall(np.array([100 * rank, 100 * rank + 1], "i"), received)
         got.append(received.tolist())
+        again = np.full(2, -1, "i")
+        persistent = graph.Neighbor_alltoall_init(np.array([100 * rank, 100 * rank + 1], "i"), again)
+        for _ in range(2):   # started twice: the same exchange
+            persistent.Start()
+            persistent.Wait()
+            got.append(again.tolist())
+        persistent.Free()
         got.append(graph.neighbor_alltoall([f"{rank}a", f"{rank}b"]))
         graph.Free()
         return got
@@ -109,8 +117,8 @@ def test_neighbour_collectives_pair_repeated_neighbours(size: int) -> None:
         # direction (its block 1), slot 1 what the positive neighbour sent the other way (block 0)
         assert got[0] == [100 * left + 1, 100 * right]
         assert got[1] == [1 + 100 * rank, 100 * rank, 100 * left + 3, 100 * right + 2]
-        assert got[2] == [100 * left, 100 * left + 1]   # a repeated edge: its messages in order
-        assert got[3] == [f"{left}a", f"{left}b"]
+        assert got[2] == got[3] == got[4] == [100 * left, 100 * left + 1]   # a repeated edge: in order
+        assert got[5] == [f"{left}a", f"{left}b"]
 
 
 def test_rc_initialize_false_requires_init() -> None:

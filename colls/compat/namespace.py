@@ -2,17 +2,18 @@
 
 `complete(globals())`, run last by `MPI.py`, adds every name of mpi4py 4.1's `MPI` module that the
 facade's modules do not define: MPICH's values for the constants (one-sided, I/O, Fortran status
-fields, ...), and for the features out of scope (one-sided windows, MPI I/O, dynamic processes and
-ports, sessions, fault tolerance, generalized requests, user-defined error classes, the MPI ABI) a
-class or function that raises NotImplementedError naming the feature, never AttributeError. Names
-another module defines are left as they are. `tests/test_compat_names.py` checks the list against
-the real mpi4py.
+fields, ...), the persistent collectives (persistent.py), and for the features out of scope
+(one-sided windows, MPI I/O, dynamic processes and ports, sessions, fault tolerance, generalized
+requests, user-defined error classes, the MPI ABI) a class or function that raises
+NotImplementedError naming the feature, never AttributeError. Names another module defines are left
+as they are. `tests/test_compat_names.py` checks the list against the real mpi4py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import persistent
 from .buffers import _Constant
 from .request import Request
 
@@ -58,11 +59,6 @@ COMM_METHODS = {
     "dynamic processes (Comm.Spawn, Accept, Connect, Join, Disconnect)":
         "Accept Connect Disconnect Join Spawn Spawn_multiple",
     "inter-communicators (Comm.Create_intercomm)": "Create_intercomm",
-    "persistent collectives (Comm.Allreduce_init and the other *_init)":
-        "Allgather_init Allgatherv_init Allreduce_init Alltoall_init Alltoallv_init Alltoallw_init "
-        "Barrier_init Bcast_init Exscan_init Gather_init Gatherv_init Reduce_init Reduce_scatter_block_init "
-        "Reduce_scatter_init Scan_init Scatter_init Scatterv_init Neighbor_allgather_init "
-        "Neighbor_allgatherv_init Neighbor_alltoall_init Neighbor_alltoallv_init Neighbor_alltoallw_init",
 }
 INTERCOMM_METHODS = "Create_from_groups Get_remote_group Get_remote_size Merge remote_group remote_size"
 
@@ -210,6 +206,8 @@ def complete(namespace: dict[str, Any]) -> list[str]:
             namespace.pop(name, None)
             add(name, null_of(namespace[cls_name]))
     comm = namespace["Comm"]
+    persistent.install(comm, persistent.COLLECTIVES)
+    persistent.install(namespace["Topocomm"], persistent.NEIGHBOURHOOD)
     for feature, names in COMM_METHODS.items():
         for name in names.split():
             if not hasattr(comm, name):
