@@ -51,8 +51,10 @@ class _Lifecycle:
 
     def ready(self) -> bool:
         if self.initialized is None:
-            rc = getattr(sys.modules.get("mpi4py"), "rc", None)
-            self.initialized = getattr(rc, "initialize", True) is not False
+            package = sys.modules.get("mpi4py")   # the facade's (`install`), not the real mpi4py's
+            installed = getattr(package, "MPI", None) is sys.modules.get("colls.compat.MPI")
+            self.initialized = not installed or getattr(package, "rc", None) is None or \
+                package.rc.initialize is not False
         return self.initialized
 
     def require(self, what: str) -> None:
