@@ -8,8 +8,8 @@ call or a persistent request's `start()`.
 
 from __future__ import annotations
 
+import itertools
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,8 +69,7 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
                                 Selector(transport.name, self.size, self.layout.spans_hosts),
                                 transport.capabilities.device_buffers)
         self._executor = Executor(name)
-        self._seq = 0
-        self._issue = threading.Lock()   # held while a call takes its number (`_seq`)
+        self._numbers = itertools.count()   # each call's number (its tag); next() is atomic under threads
         self._hidden = 0   # calls colls made for itself (finding hosts, building levels): not numbered
         self._splits = 0
         self._traffic: dict[str, Traffic] = {}
@@ -141,9 +140,7 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
             raise self._check.fail(description.collective, "the communicator is closed")
         if self._levels is None and description.algorithm.name == "hierarchical":
             self._build_levels()   # collective: every rank makes its first hierarchical call here
-        with self._issue:   # one number per call, whatever the threads
-            seq = self._seq
-            self._seq = seq + 1   # the collective's tag: the same on every rank, as every rank makes the call
+        seq = next(self._numbers)   # its tag: the same on every rank, as every rank makes the call
         number = seq - self._hidden
         collective = description.collective
         traffic = self._traffic.get(collective) or self._traffic_for(collective)
@@ -212,9 +209,7 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
         Every rank must call it at the same point in its sequence of calls, as for a collective.
         """
         limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
-        with self._issue:
-            seq = self._seq
-            self._seq += 1
+        seq = next(self._numbers)
         return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
                        f"{self.name} {what} #{seq - self._hidden}",
                        self._traffic.setdefault(what, Traffic(self.size)))
@@ -239,13 +234,13 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
     def _internally(self, setup: Callable[..., Any], *args: Any) -> Any:
         """Run `setup`'s collectives as colls' own: they neither count in `stats()` nor take the
         numbers of the user's calls in messages (the user's first call stays #0)."""
-        before, counters = self._seq, self._traffic
+        first, counters = next(self._numbers), self._traffic   # (every rank takes the same numbers)
         self._traffic = {}
         try:
             return setup(*args)
         finally:
             self._traffic = counters
-            self._hidden += self._seq - before
+            self._hidden += next(self._numbers) - first + 1   # setup's calls and the two numbers taken here
 
     # -- groups ----------------------------------------------------------------------------------
 
