@@ -140,17 +140,17 @@ class _Both:
 
     def __init__(self, send: Request, receive: Request) -> None:
         self.send, self.receive = send, receive
+        self.status = Status()   # the receive's, kept when its request retires
 
     def poll(self) -> bool:
         return self.send.Get_status() and self.receive.Get_status()
 
     def wait(self) -> None:
         self.send.Wait()
-        self.receive.Wait()
+        self.receive.Wait(self.status)
 
     def fields(self) -> tuple[int, int, int]:
-        status = Status()
-        self.receive._fill(status)
+        status = self.status
         return status.source, status.tag, status.count
 
 
