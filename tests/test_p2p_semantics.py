@@ -453,7 +453,20 @@ def check_communicator_threads(comm) -> None:
             assert work.status.source == left and work.status.nbytes == 16
             assert got[:4].tolist() == [10 * left + i] * 4
 
-    _in_threads([collectives, ring])
+    def crossed(lane: int) -> None:
+        """Ranks 0 and 1, two threads each: on both ranks one thread waits in a receive while the
+        other must send (rank 0's second thread) or receive and then send (rank 1's) for it to end."""
+        plan = {(0, 0): [("recv", 20), ("send", 23)], (0, 1): [("send", 22)],
+                (1, 0): [("recv", 23)], (1, 1): [("recv", 22), ("send", 20)]}
+        peer = 1 - comm.rank
+        for verb, tag in plan.get((comm.rank, lane), []):
+            if verb == "send":
+                comm.send(np.full(BIG // 8, tag, np.int64), peer, tag, timeout=STEP_S)
+            else:
+                got = comm.recv(np.zeros(BIG // 8, np.int64), peer, tag, timeout=STEP_S)
+                assert (got == tag).all()
+
+    _in_threads([collectives, ring, lambda: crossed(0), lambda: crossed(1)])
 
 
 CHECKS = [check_any_source, check_any_tag, check_any_source_any_tag, check_shorter_message,
