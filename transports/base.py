@@ -17,7 +17,9 @@ Semantics every transport keeps:
 - A send completes when its buffer may be reused; a receive when the data is in the buffer.
 - `wait_all` drives progress on *every* request of the transport, not only those it was given, so
   a rank that posts a send and a receive and then waits on either cannot deadlock against its peer.
-- Buffers are one-dimensional C-contiguous numpy arrays (or views of one); receives check the size.
+- Buffers are one-dimensional C-contiguous numpy arrays (or views of one). A collective's receive
+  (tag >= COLLECTIVE_TAG_BASE) and a receive-reduce need a message of exactly their size; a
+  point-to-point receive takes a shorter one too, and may name ANY_SOURCE and ANY_TAG (MPI's rules).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ class Transport(ABC):
 
     @abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
-        """Post a receive from `peer` into `buf`; the sender's message must be exactly `buf.nbytes`."""
+        """Post a receive from `peer` (or ANY_SOURCE) into `buf`: a collective's message must be exactly
+        `buf.nbytes`; a point-to-point one (its tag may be ANY_TAG) at most, else MessageTruncated."""
 
     @abstractmethod
     def irecv_reduce(self, buf: np.ndarray, peer: int, tag: int, reducer: Reducer) -> Request:
