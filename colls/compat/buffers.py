@@ -158,8 +158,8 @@ class Message:
         end = begin + layout.hi - layout.lo
         if layout.size and (begin < 0 or end > self.raw.size):
             name = self.datatype.Get_name() or "a derived datatype"
-            raise ValueError(f"message: {count} elements of {name} from element {start} need bytes "
-                             f"[{begin}, {end}) of the buffer; it has {self.raw.size}")
+            raise ValueError(f"message: {count} elements of {name} from element {start} need {end} bytes "
+                             f"(from byte {begin}); the buffer has {self.raw.size}")
         return layout, self.raw[max(begin, 0):max(end, 0)]
 
     def span(self, start: int, count: int) -> np.ndarray:

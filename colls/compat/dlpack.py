@@ -148,8 +148,10 @@ def cuda_array(obj: object) -> np.ndarray:
             if shape[axis] > 1 and strides[axis] != expected:
                 raise BufferError("__cuda_array_interface__: the buffer is not C-contiguous")
             expected *= shape[axis]
-    if count == 0 or not address:
+    if count == 0:
         return np.empty(0, dtype)
+    if not address:
+        raise BufferError(f"__cuda_array_interface__: a null data pointer for {count} elements")
     if is_device_pointer(address):
         raise NotImplementedError("device (GPU) memory behind __cuda_array_interface__ is not supported by "
                                   "the colls mpi4py facade: colls moves host memory (copy to the host first)")

@@ -221,12 +221,16 @@ class Op:
 
     def __call__(self, x: object, y: object) -> object:
         """`x ∘ y` with the meaning mpi4py gives Python objects (a user operation is called as
-        `function(x, y, None)`).
+        `function(x, y, None)`); two numpy arrays combine element by element.
 
         Raises:
             ValueError: the operation is MPI.OP_NULL.
         """
         state = self._s
+        if state.colls_op is not None and isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+            out = np.empty(np.broadcast_shapes(x.shape, y.shape), np.result_type(x, y))
+            state.colls_op.combine(x, y, out)   # numpy arrays: element by element, as on buffers
+            return out
         if state.python is not None:
             return state.python(x, y)
         if state.function is not None:
