@@ -628,3 +628,23 @@ def test_point_to_point_messages_shorter_or_longer_than_their_buffers_on_shm():
         assert seen[0] == [5] * 8 + [0] * 8
         assert seen[1] == f"rank {rank}: a message of 8 B from rank {1 - rank} (tag 9) {small} 4 B"
         assert seen[2] == 2
+
+
+def _to_myself(comm) -> list:
+    transport, me, deadline = comm.transport, comm.rank, time.monotonic() + 20
+    seen = []
+    for nbytes in (8, 3 << 20):   # through the slots, and by address
+        sends = [transport.isend(np.full(nbytes, i, np.uint8), me, 100 + i % 3) for i in range(12)]
+        transport.wait_all(sends, deadline)
+        bufs = [np.zeros(nbytes, np.uint8) for _ in sends]
+        transport.wait_all([transport.irecv(buf, me, 100 + i % 3) for i, buf in enumerate(bufs)], deadline)
+        seen.append([int(buf.min()) if (buf == buf[0]).all() else -1 for buf in bufs])
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_sends_to_myself_complete_before_i_receive_them_on_shm():
+    """A rank's sends to itself that fill its slots are taken aside (MPI buffers them), so that
+    they complete before their receives are posted."""
+    for seen in colls.spawn(_to_myself, 2, transport="shm", timeout=40):
+        assert seen == [list(range(12))] * 2

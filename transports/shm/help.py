@@ -30,7 +30,7 @@ import numpy as np
 from .. import cma
 from ..base import COLLECTIVE_TAG_BASE, Request
 from ..errors import TransportError
-from .fifo import ACKS, HELP_ASK, HELP_DONE, TAIL, Fifo, In
+from .fifo import ACKS, HELP_ASK, HELP_DONE, TAIL, Fifo, In, Out
 from .options import HELP_BYTES, PUSH_FROM_BYTES
 
 HELP_WITHDRAWN = -1          # the bytes word of a request to help that its receiver gave up on
@@ -61,6 +61,16 @@ class Handshake:
             awaiting.pop(0).done = True
             moved = True
         return moved
+
+    def _spin_for_ack(self, send: Out) -> None:
+        """Poll the ack of my rendezvous `send` alone for up to `spin_polls` polls, then collect it
+        (the caller's wait does the rest): its peer is most likely reading it as I read its
+        message, and the general wait's passes are slower to notice."""
+        ctl, ack = self.outbound[send.peer].ctl, send.ack
+        for _ in range(self.spin_polls):
+            if ctl[ACKS] >= ack:
+                break
+        self._collect_acks(send.peer)
 
     def _consume_rendezvous(self, peer: int, fifo: Fifo, request: In, tail: int) -> int:
         """Free the slot of a rendezvous header at `tail` whose message is in, ack it (the sender's

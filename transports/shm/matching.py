@@ -221,6 +221,18 @@ class Matching:
             got, message_bytes = fifo.hdr[field], fifo.hdr[field + 1]
             if not claim and wants(tag, got):
                 return Envelope(peer, got, message_bytes)
-            self.current[peer] = self._stash(peer, got, message_bytes)
-            self.active_in.add(peer)
-            self._pull(peer)
+            self._take_aside(peer)
+
+    def _take_aside(self, peer: int) -> bool:
+        """Take the message at the head of `peer`'s FIFO aside and receive what has come of it, if no
+        message from `peer` is being received; false if there was none. (A probe looks past it
+        so; and a rank sending to itself frees its full slots so: MPI buffers such a message.)"""
+        tail = self.read_tail[peer]
+        fifo = self.inbound[peer]
+        if self.current[peer] is not None or fifo.ctl[HEAD] <= tail:
+            return False
+        field = tail % self.slots * HEADER_FIELDS
+        self.current[peer] = self._stash(peer, fifo.hdr[field], fifo.hdr[field + 1])
+        self.active_in.add(peer)
+        self._pull(peer)
+        return True

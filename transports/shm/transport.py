@@ -29,7 +29,6 @@ from ..errors import TransportError
 from ..segment import Segment
 from .direct import DirectPath
 from .fifo import (
-    ACKS,
     ADDRESSED,
     HEAD,
     HEADER_FIELDS,
@@ -305,16 +304,6 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
         receive = taken or self._post(In(src, tag, recv_buf, reducer, helpable=send is None))
         return [receive] if send is None else [send, receive]
 
-    def _spin_for_ack(self, send: Out) -> None:
-        """Poll the ack of my rendezvous `send` alone for up to `spin_polls` polls, then collect it
-        (the caller's wait does the rest): its peer is most likely reading it as I read its
-        message, and the general wait's passes are slower to notice."""
-        ctl, ack = self.outbound[send.peer].ctl, send.ack
-        for _ in range(self.spin_polls):
-            if ctl[ACKS] >= ack:
-                break
-        self._collect_acks(send.peer)
-
     # -- the general path ------------------------------------------------------------------------
 
     def _push(self, peer: int) -> bool:
@@ -352,6 +341,10 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
             send.done = True
             queue.popleft()
         self.sent_head[peer] = head
+        if peer == self.rank and (queue or self.awaiting[peer]):   # I am their receiver: what my
+            moved |= self._pull(peer)                                # receives do not take waits aside
+            while self._take_aside(peer):
+                moved = True
         if not queue and not self.awaiting[peer]:
             self.active_out.discard(peer)
         return moved
