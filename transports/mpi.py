@@ -7,9 +7,10 @@ from a pool that grows to the largest message once and is then reused, and is re
 Point-to-point semantics are MPI's own: ANY_SOURCE and ANY_TAG are MPI's (the user's tags have a
 communicator of their own, so ANY_TAG never matches a collective's message), a shorter message's
 count comes from the status, a longer one fails only its receive (MPI_ERR_TRUNCATE, raised as
-MessageTruncated; MPI has consumed it), and probes are MPI_Iprobe/MPI_Improbe. Every call into MPI
-is made under one lock per transport (one for all of them where MPI gives less than
-MPI_THREAD_MULTIPLE), released while a wait backs off, so several threads may share a transport.
+MessageTruncated; MPI has consumed it), and probes are MPI_Iprobe/MPI_Improbe. Several threads may
+share a transport: each progress pass, probe and receive-reduce holds one lock per transport (our
+status, scratch buffers and requests are shared), released while a wait backs off; where MPI gives
+less than MPI_THREAD_MULTIPLE one lock for all transports is held by every call into MPI.
 
 A rank of this host that dies is seen through /proc (a long wait polls every POLL_SECONDS) and named in
 a PeerLost on every survivor; why that needs `colls run --transport mpi` (or its mpiexec options) under
@@ -203,7 +204,10 @@ class MpiTransport(Transport):
         unlink_mpich_init_segments()   # every rank is past MPI_Init now, so all have mapped them
         self.scratch = ScratchPool()
         self.status = MPI.Status()
-        self.lock = threading.RLock() if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else _SERIALIZED
+        # held for each progress pass (our status, scratch buffers and requests are shared); posting
+        # a send or receive shares nothing of ours, so it takes the lock only where MPI needs it
+        self.serialized = MPI.Query_thread() < MPI.THREAD_MULTIPLE
+        self.lock = _SERIALIZED if self.serialized else threading.RLock()
         self.closed = False
 
     def _route(self, tag: int):
@@ -219,7 +223,10 @@ class MpiTransport(Transport):
         check_buffer(buf, "mpi send")
         comm, mpi_tag = self._route(tag)
         request = _MpiRequest("send", peer, tag, buf)
-        with self.lock:
+        if self.serialized:
+            with self.lock:
+                request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        else:
             request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
         return request
 
@@ -228,7 +235,10 @@ class MpiTransport(Transport):
         comm, mpi_tag = self._route(tag)
         request = _MpiRequest("recv", peer, tag, buf)
         source = self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer
-        with self.lock:
+        if self.serialized:
+            with self.lock:
+                request.handle = comm.Irecv([buf.view(np.uint8), self.MPI.BYTE], source, mpi_tag)
+        else:
             request.handle = comm.Irecv([buf.view(np.uint8), self.MPI.BYTE], source, mpi_tag)
         return request
 
