@@ -6,9 +6,10 @@ buffer raises `MessageTruncated` from the wait, on the receiver only, and leaves
 usable. Probes find a message without receiving it (`iprobe`, `probe`) or claim it for `mrecv`
 (`improbe`, `mprobe`).
 
-Over the transports that allow it (local, shm, mpi: their verbs may be called from several threads
-at once) a point-to-point call posts and waits in the caller's thread, beside a collective another
-thread or the communicator's worker may be running; over the others it takes its turn with them.
+Over the transports that keep MPI's point-to-point contract (local, shm, mpi: wildcards, probes, and
+verbs that several threads may call at once) a point-to-point call posts and waits in the caller's
+thread, beside a collective another thread or the communicator's worker may be running; over the
+others (cuda_ipc) it takes its turn with them, and wildcards are refused.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from .collectives import Result
 from .device import is_cupy
 from .executor import RequestWork
 
-# transports whose verbs may be called from several threads at once
-THREADED = frozenset({"local", "shm", "mpi"})
+# transports that keep MPI's point-to-point contract: ANY_SOURCE, ANY_TAG, shorter messages, probes,
+# verbs called from several threads at once
+MPI_POINT_TO_POINT = frozenset({"local", "shm", "mpi"})
 
 
 class PointToPoint:
@@ -195,7 +197,14 @@ class PointToPoint:
                 0 <= src < self.size or src == ANY_SOURCE):
             raise self._check.fail(what, f"src={src!r} is not a rank of this group of {self.size} "
                                          f"(nor colls.ANY_SOURCE)")
+        if src == ANY_SOURCE:
+            self._wildcard(what, "src=colls.ANY_SOURCE")
         return int(src)
+
+    def _wildcard(self, what: str, given: str) -> None:
+        if self.transport.name not in MPI_POINT_TO_POINT:
+            raise self._check.fail(what, f"{given}: the {self.transport.name} transport matches messages "
+                                         f"by source and tag only (local, shm and mpi take wildcards)")
 
     def _user_tag(self, what: str, tag: object, wildcard: bool = False) -> int:
         limit = self.transport.user_tag_limit
@@ -204,6 +213,8 @@ class PointToPoint:
             anything = " or colls.ANY_TAG" if wildcard else ""
             raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{limit - 1}{anything} "
                                          f"(the {self.transport.name} transport's range)")
+        if tag == ANY_TAG:
+            self._wildcard(what, "tag=colls.ANY_TAG")
         return int(tag)
 
     def _probe(self, what: str, probe: Callable[[int, int], Envelope | None], src: object, tag: object,
@@ -233,7 +244,7 @@ class PointToPoint:
 
     def _point_to_point(self, what: str, post: Callable[[], Any], peer: int, nbytes: int, result: Any,
                         async_op: bool, timeout: float | None) -> Result:
-        """Post now (over a transport that is not THREADED, in issue order, behind queued
+        """Post now (over a transport not in MPI_POINT_TO_POINT, in issue order, behind queued
         asynchronous work), then wait now or on `wait()`.
 
         Point-to-point calls take no collective sequence number: only some ranks make them, and
@@ -247,7 +258,7 @@ class PointToPoint:
         if what == "send":
             traffic.messages_sent[peer] += 1
             traffic.bytes_sent[peer] += nbytes
-        if self.transport.name in THREADED:
+        if self.transport.name in MPI_POINT_TO_POINT:
             request, turn = post(), None
         else:
             request, turn = self._executor.run(what, False, post), self._executor.exclusive()
