@@ -63,6 +63,7 @@ class Typemap:
         self._groups = groups
         self._runs: tuple[np.ndarray, np.ndarray] | None = None
         self._layouts: dict[int, Layout] = {}
+        self._dense: bool | None = None
         self._lock = threading.Lock()
         if groups is None:   # predefined
             assert basic is not None
@@ -104,7 +105,9 @@ class Typemap:
     @property
     def dense(self) -> bool:
         """Whether one element is one run of bytes starting at 0 and filling the extent."""
-        return self.size == self.extent and self.lb == 0 and self.runs()[0].size <= 1
+        if self._dense is None:
+            self._dense = self.size == self.extent and self.lb == 0 and self.runs()[0].size <= 1
+        return self._dense
 
     def runs(self) -> tuple[np.ndarray, np.ndarray]:
         """(starts, lengths) in bytes of one element's data, in typemap order, adjacent runs merged."""
@@ -120,6 +123,8 @@ class Typemap:
 
     def layout(self, count: int) -> Layout:
         """The `Layout` of `count` consecutive elements (cached)."""
+        if self.dense:   # predefined types and their contiguous kin: one run, nothing to cache
+            return Layout(0, count * self.size, count * self.size, 1, None)
         layout = self._layouts.get(count)
         if layout is not None:
             return layout
