@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import ANY_SOURCE, ANY_TAG, Backoff, Envelope, Traffic
+from transports.base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    COLLECTIVE_TAG_BASE,
+    RESERVED_TAG_BASE,
+    Backoff,
+    Envelope,
+    Traffic,
+)
 from transports.errors import CollectiveTimeout
 
 from .collectives import Result
@@ -36,30 +44,38 @@ class PointToPoint:
     """`send`, `recv`, the probes and `mrecv`; the class using it provides `transport`, `rank`,
     `size`, `name`, `timeout`, `closed`, `_check`, `_executor` and `_traffic`."""
 
-    def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None) -> Result:
+    def send(self, x, dst: int, tag: int = 0, async_op: bool = False, timeout: float | None = None,
+             synchronous: bool = False) -> Result:
         """Send `x` to rank `dst`; matched by a receive on `dst` from this rank (or ANY_SOURCE)
-        with the same tag (or ANY_TAG).
+        with the same tag (or ANY_TAG, for a user tag).
 
         Args:
             x: the array to send (any shape; its bytes travel).
             dst: the receiving rank.
-            tag: a point-to-point tag, 0 .. the transport's limit - 1.
+            tag: a point-to-point tag: a user tag, 0 .. the transport's limit - 1, or from
+                `RESERVED_TAG_BASE` (2**31) up to 2**32 - 1, colls' own protocols' tags (the mpi4py
+                facade's object frames), which only a receive naming the same tag matches.
             async_op: post the send and return a handle at once (MPI_Isend); `x` must not change
                 until `wait()` returns.
             timeout: seconds the send may wait; the communicator's timeout by default.
+            synchronous: complete only once `dst` has matched the message to a receive (MPI_Ssend,
+                with `async_op` MPI_Issend); a probe that only looks at it does not, `improbe`
+                claiming it does.
 
         Returns:
             None, or with `async_op=True` a handle whose `wait()` returns None.
 
         Raises:
             InvalidArgument: a bad `x`, `dst`, `tag` or `timeout`, named with this rank.
-            CollectiveTimeout: the receiver did not take the message in time.
+            CollectiveTimeout: the receiver did not take (or, synchronous, match) the message in time.
+            NotImplementedError: `synchronous` over a transport without synchronous sends (cuda_ipc).
         """
         x = self._check.array("send", x)
         dst = self._check.peer("send", dst, "dst")
         tag = self._user_tag("send", tag)
         flat = x.reshape(-1)
-        return self._point_to_point("send", lambda: self.transport.isend(flat, dst, tag), dst, flat.nbytes,
+        post = self.transport.issend if synchronous else self.transport.isend
+        return self._point_to_point("send", lambda: post(flat, dst, tag), dst, flat.nbytes,
                                     None, async_op, timeout)
 
     def recv(self, x: np.ndarray, src: int, tag: int = 0, async_op: bool = False,
@@ -70,7 +86,8 @@ class PointToPoint:
             x: a writable C-contiguous array (over cuda_ipc, a cupy array), at least as large as
                 the message; bytes past the message are left as they were.
             src: the sending rank, or `colls.ANY_SOURCE`.
-            tag: a point-to-point tag, or `colls.ANY_TAG` (which never matches a collective's message).
+            tag: a point-to-point tag (as for `send`), or `colls.ANY_TAG`, which matches only user
+                tags (never colls' own from 2**31, nor a collective's message).
             async_op: post the receive and return a handle at once (MPI_Irecv); its `status`,
                 once `wait()` has returned, is the `Envelope` of what arrived (source, tag, nbytes).
             timeout: seconds the receive may wait; the communicator's timeout by default.
@@ -207,12 +224,16 @@ class PointToPoint:
                                          f"by source and tag only (local, shm and mpi take wildcards)")
 
     def _user_tag(self, what: str, tag: object, wildcard: bool = False) -> int:
+        """A user tag (below the transport's limit) or one of colls' own (RESERVED_TAG_BASE up to
+        COLLECTIVE_TAG_BASE), and ANY_TAG where `wildcard`."""
         limit = self.transport.user_tag_limit
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not (
-                0 <= tag < limit or (wildcard and tag == ANY_TAG)):
+                0 <= tag < limit or RESERVED_TAG_BASE <= tag < COLLECTIVE_TAG_BASE
+                or (wildcard and tag == ANY_TAG)):
             anything = " or colls.ANY_TAG" if wildcard else ""
-            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{limit - 1}{anything} "
-                                         f"(the {self.transport.name} transport's range)")
+            raise self._check.fail(what, f"tag={tag!r} must be an int in 0..{limit - 1} (the "
+                                         f"{self.transport.name} transport's range){anything}, or colls' "
+                                         f"own from {RESERVED_TAG_BASE} to {COLLECTIVE_TAG_BASE - 1}")
         if tag == ANY_TAG:
             self._wildcard(what, "tag=colls.ANY_TAG")
         return int(tag)

@@ -231,7 +231,7 @@ def test_object_arrays_and_none() -> None:
 
 def _bad_point_to_point(comm) -> None:
     x = np.ones(3)
-    for tag in (-3, 2**31, 1.5, True, "1", None):   # (-1 is ANY_TAG, a receive may name it)
+    for tag in (-3, 2**32, 1.5, True, "1", None):   # (-1 is ANY_TAG; 2**31.. colls' own)
         raises(comm, colls.InvalidArgument, lambda tag=tag: comm.send(x, 0, tag=tag), "send", "tag")
         raises(comm, colls.InvalidArgument, lambda tag=tag: comm.recv(x, 0, tag=tag), "recv", "tag")
     raises(comm, colls.InvalidArgument, lambda: comm.send(x, 0, tag=colls.ANY_TAG), "send", "tag")

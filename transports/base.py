@@ -41,10 +41,14 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 # used to set up sub-groups (segment names, MPI colors) without a second bootstrap.
 Exchange = Callable[[bytes], list[bytes]]
 
-# Tags at or above this value belong to collectives; below it, to the user's point-to-point tags.
+# Tags at or above this value belong to collectives; below it, to point-to-point messages.
 COLLECTIVE_TAG_BASE = 1 << 32
-# A receive from any rank, or with any point-to-point tag (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG, with
-# MPICH's values); only for point-to-point tags: ANY_TAG never matches a collective's message.
+# Point-to-point tags from this value up to COLLECTIVE_TAG_BASE are colls' own protocols' (the mpi4py
+# facade's object frames): the point-to-point size rules apply, but only a receive naming the exact
+# tag matches them (never ANY_TAG); below it are the user's tags.
+RESERVED_TAG_BASE = 1 << 31
+# A receive from any rank, or with any user tag (MPI's MPI_ANY_SOURCE and MPI_ANY_TAG, with MPICH's
+# values): ANY_TAG matches only tags below RESERVED_TAG_BASE, never a reserved or collective one.
 ANY_SOURCE = -2
 ANY_TAG = -1
 
@@ -120,11 +124,21 @@ class Transport(ABC):
     capabilities: Capabilities = Capabilities()
     rank: int
     size: int
-    user_tag_limit: int = 1 << 31   # point-to-point tags are 0 .. user_tag_limit - 1
+    user_tag_limit: int = RESERVED_TAG_BASE   # user tags are 0 .. user_tag_limit - 1 (<= RESERVED_TAG_BASE)
 
     @abstractmethod
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         """Post a send of `buf` to `peer`; `buf` must not change until the request is done."""
+
+    def issend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        """Post a synchronous send (MPI_Issend): as `isend`, but the request completes only once
+        `peer` has matched the message to a receive (a probe that only looks does not; `improbe`
+        claiming it does).
+
+        Raises:
+            NotImplementedError: the transport has no synchronous send (only local, shm and mpi do).
+        """
+        raise NotImplementedError(f"the {self.name} transport has no synchronous send")
 
     @abstractmethod
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
