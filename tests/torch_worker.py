@@ -252,6 +252,17 @@ def copies(size: int, rank: int, gloo) -> None:
     for work in dist.batch_isend_irecv(operations):
         attempt("batch_isend_irecv", work.wait)
     check("batch_isend_irecv", received, data(left, 7, torch.bfloat16))
+    # irecv without src (recv_anysource): rank 0 takes one message from every other rank, each
+    # with its own tag, in the order the receives were posted
+    if rank == 0:
+        landed = [torch.zeros(5, dtype=torch.int32) for _ in range(1, size)]
+        works = [dist.irecv(landed[peer - 1], tag=100 + peer) for peer in range(1, size)]
+        for work in works:
+            attempt("irecv without src", work.wait)
+        for peer in range(1, size):
+            check("irecv without src", landed[peer - 1], data(peer, 5, torch.int32))
+    else:
+        attempt("irecv without src", dist.send, data(rank, 5, torch.int32), 0, tag=100 + rank)
     objects = [None] * size
     attempt("all_gather_object", dist.all_gather_object, objects, {"rank": rank, "list": [rank] * rank})
     if objects != [{"rank": peer, "list": [peer] * peer} for peer in range(size)]:

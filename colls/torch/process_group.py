@@ -29,6 +29,7 @@ from torch._C._distributed_c10d import (
 )
 
 from colls.communicator import Communicator
+from transports.base import ANY_SOURCE
 from transports.errors import CollectiveMismatch, InvalidArgument
 
 from .dtypes import Buffer, as_buffer, colls_op, premul_factor
@@ -346,10 +347,19 @@ class ProcessGroupColls(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollsWork:  # noqa: N803
         """Receive into the tensor from `srcRank` (`dist.recv`/`irecv`): posted in issue order,
         finished (and written back) by `wait()`."""
+        return self._recv(tensors, srcRank, tag, f"recv from rank {srcRank}")
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollsWork:
+        """Receive into the tensor from whichever rank sends first with `tag` (`dist.irecv` without
+        `src`). torch asks the work which rank sent (`dist.recv` without `src`) through a C++ method
+        a Python backend's work cannot provide, so only `irecv` without `src` works."""
+        return self._recv(tensors, ANY_SOURCE, tag, "recv from any rank")
+
+    def _recv(self, tensors: list[torch.Tensor], source: int, tag: int, what: str) -> CollsWork:
         buffer = as_buffer(self._one(tensors, "recv"), self.comm.rank, "recv")
 
         def job() -> Callable[[float], None]:
-            request = self.comm.recv(buffer.array, srcRank, tag=tag, async_op=True)
+            request = self.comm.recv(buffer.array, source, tag=tag, async_op=True)
 
             def finish(deadline: float) -> None:
                 request.wait()
@@ -357,12 +367,7 @@ class ProcessGroupColls(dist.ProcessGroup):
 
             return finish
 
-        return self._run(f"recv from rank {srcRank}", tensors, job)
-
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollsWork:
-        """Not supported: colls matches messages by source and tag."""
-        raise NotImplementedError(f"rank {self.comm.rank}: recv without a source: colls matches messages "
-                                  f"by source and tag; pass src=")
+        return self._run(what, tensors, job)
 
     # -- lifetime --------------------------------------------------------------------------------
 
