@@ -3,11 +3,14 @@
 Point to point, an object travels as one message holding its pickle (what mpi4py sends, so an
 `Isend` of a pickle is received by `recv` and the other way round); an object holding large buffers
 (numpy arrays) is pickled with protocol 5 and travels as a header message (a marker, the buffers'
-sizes, the pickle) followed by each buffer as a message of its own to the same destination and tag,
-all posted under one lock so two sends' parts never interleave. The receiver claims the header with
-`mprobe` (so the message's size needs no guess), then receives the buffers from that source and tag
-into memory the unpickled arrays then use. The collectives are colls' own object collectives
-(`colls.objects`) with `MPI.pickle` as the pickler.
+sizes, the pickle) followed by each buffer as a message of its own to the same destination on the
+tag + `RESERVED_TAG_BASE` (a tag of colls' own, which no user receive, ANY_TAG included, matches),
+all posted under one lock so two sends' parts never interleave. `irecv` posts a real receive for
+the first frame, as mpi4py does (into `buf`, or mpi4py.rc.irecv_bufsz bytes); `recv` claims it with
+a matched probe (so the message's size needs no guess). Once a header has come, the receives of
+its buffers are posted from that source on the frame tag, in the order the headers were matched.
+The collectives are colls' own object collectives (`colls.objects`) with `MPI.pickle` as the
+pickler.
 
 Unpickling runs code named by the sender, as in mpi4py: use among ranks you trust.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import pickle as _stdlib
+import sys
 import threading
 import time
 import warnings
@@ -26,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from colls.objects import as_bytes
-from transports.base import Backoff
-from transports.errors import CollectiveTimeout
+from transports.base import RESERVED_TAG_BASE, Backoff
+from transports.errors import CollectiveTimeout, MessageTruncated
 
 from . import ops
 from .memory import buffer
-from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status
+from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status, truncated
 
 MARKER = b"\x00\x00colls:pickle5+buffers\x00"   # starts a header: no pickle or empty message does
 _SIZE = np.dtype("<u8")
@@ -148,49 +152,93 @@ def _split_header(header: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
 
 
 class _ObjectReceive:
-    """An object receive (`irecv`, `Message.irecv`): claims the first frame (`improbe`) and posts the
-    receives of the buffers that follow it under the communicator's "recv" lock, so that two threads
-    receiving from one source and tag cannot take each other's buffers; `poll()` tries once,
-    `wait()` until the communicator's deadline."""
+    """An object receive: the receive of its first frame (the pickle, or a header), then the
+    receives of the buffers a header announces, from the same source on the frame tag.
 
-    def __init__(self, comm: Any, source: int, tag: int, envelope: Any = None) -> None:
+    First frames are matched in the transport's order (MPI's: the earliest-posted receive that
+    matches takes the earliest message); the buffers are posted in that order too, under the
+    communicator's "recv" lock, by `_advance`, so two receives whose first frames came from one
+    source and tag take their buffers in the order they took the headers.
+    """
+
+    def __init__(self, comm: Any, source: int, tag: int) -> None:
         self._comm = comm
         self._source, self._tag = source, tag
-        self._envelope = envelope
-        self._posted = False
-        self._data: np.ndarray | None = None   # the pickle (None: a plain message)
+        self._first: np.ndarray | None = None
+        self._header: Any = None   # the first frame's work (None: not posted or claimed yet)
+        self._rest_posted = False
+        self._error: Exception | None = None
+        self._data: np.ndarray | None = None
         self._parts: list[np.ndarray] = []
         self._works: list[Any] = []
         self._done = False
         self._object: Any = None
         self.fields = (source, tag, 0)
 
-    def _post(self) -> bool:
-        """Claim the message (unless claimed already), receive its first frame and post the rest."""
+    # -- posting -----------------------------------------------------------------------------------
+
+    def post(self, space: np.ndarray) -> None:
+        """Post the first frame's receive into `space` (a lowercase irecv, as mpi4py posts it)."""
+        with _lock(self._comm, "recv"):
+            self._first = space
+            self._header = self._comm._comm.recv(space, self._source, self._tag, async_op=True)
+            _pending(self._comm).append(self)
+
+    def claim(self, envelope: Any = None) -> bool:
+        """Receive a message claimed by a probe: `envelope`'s, else one `improbe` claims now (False
+        if none has come)."""
         colls_comm = self._comm._comm
         with _lock(self._comm, "recv"):
-            if self._envelope is None:
-                self._envelope = colls_comm.improbe(self._source, self._tag)
-                if self._envelope is None:
+            if envelope is None:
+                envelope = colls_comm.improbe(self._source, self._tag)
+                if envelope is None:
                     return False
-            envelope = self._envelope
-            first = np.empty(envelope.nbytes, np.uint8)
-            colls_comm.mrecv(first, envelope)
-            split = _split_header(first)
-            if split is None:
-                self._data, sizes = first, []
-            else:
-                self._data, sizes = split
-                self._parts = [np.empty(size, np.uint8) for size in sizes]
-                self._works = [colls_comm.recv(part, envelope.source, envelope.tag, async_op=True)
-                               for part in self._parts]
-        self.fields = (envelope.source, envelope.tag, envelope.nbytes + sum(sizes))
-        self._posted = True
+            self._first = np.empty(envelope.nbytes, np.uint8)
+            self._header = colls_comm.mrecv(self._first, envelope, async_op=True)
+            _pending(self._comm).append(self)
         return True
+
+    def _post_rest(self) -> None:
+        """The first frame has come: post the receives of the buffers it announces."""
+        try:
+            self._header.wait()
+        except MessageTruncated as error:
+            self._error = truncated(error)
+            return
+        envelope = self._header.status
+        first = self._first[:envelope.nbytes]
+        split = _split_header(first)
+        sizes: list[int] = []
+        if split is None:
+            self._data = first
+        else:
+            self._data, sizes = split
+            self._parts = [np.empty(size, np.uint8) for size in sizes]
+            recv = self._comm._comm.recv
+            self._works = [recv(part, envelope.source, envelope.tag + RESERVED_TAG_BASE, async_op=True)
+                           for part in self._parts]
+        self.fields = (envelope.source, envelope.tag, envelope.nbytes + sum(sizes))
+        self._rest_posted = True
+
+    def _header_came(self) -> bool:
+        """Whether the first frame has come (or failed), after one progress pass; posts the buffers'
+        receives of every first frame that has, in posting order."""
+        if not self._rest_posted and self._error is None:
+            if not self._header.is_completed():
+                Request(self._header)._poll()
+            with _lock(self._comm, "recv"):
+                _advance(self._comm)
+        if self._error is not None:
+            raise self._error
+        return self._rest_posted
+
+    # -- completion --------------------------------------------------------------------------------
 
     def poll(self) -> bool:
         if not self._done:
-            if not self._posted and not self._post():
+            if self._header is None and not self.claim():
+                return False
+            if not self._header_came():
                 return False
             if not all([Request(work)._poll() for work in self._works]):
                 return False
@@ -199,20 +247,30 @@ class _ObjectReceive:
 
     def wait(self) -> Any:
         if not self._done:
-            colls_comm = self._comm._comm
-            deadline, backoff = time.monotonic() + colls_comm.timeout, Backoff()
-            while not self._posted and not self._post():
-                if time.monotonic() >= deadline:
-                    who = "any rank" if self._source == ANY_SOURCE else f"rank {self._source}"
-                    which = "any tag" if self._tag == ANY_TAG else f"tag {self._tag}"
-                    raise CollectiveTimeout(f"rank {colls_comm.rank}: recv: no object from {who} with "
-                                            f"{which} within {colls_comm.timeout} s")
-                colls_comm.transport.check_aborted()
-                backoff.pause()
+            if self._header is None:
+                self._claim_by(self._comm._comm.timeout)
+            if not self._rest_posted and self._error is None:
+                try:
+                    self._header.wait()
+                except MessageTruncated:
+                    pass   # recorded by _post_rest
+            self._header_came()
             for work in self._works:
                 work.wait()
             self._finish()
         return self._object
+
+    def _claim_by(self, limit: float) -> None:
+        """A blocking recv: claim the next message (of any size) within `limit` seconds."""
+        deadline, backoff = time.monotonic() + limit, Backoff()
+        while not self.claim():
+            if time.monotonic() >= deadline:
+                who = "any rank" if self._source == ANY_SOURCE else f"rank {self._source}"
+                which = "any tag" if self._tag == ANY_TAG else f"tag {self._tag}"
+                raise CollectiveTimeout(f"rank {self._comm._comm.rank}: recv: no object from {who} "
+                                        f"with {which} within {limit} s")
+            self._comm._comm.transport.check_aborted()
+            backoff.pause()
 
     def is_completed(self) -> bool:
         return self._done
@@ -223,8 +281,44 @@ class _ObjectReceive:
             self._object = pickler.loads_oob(data, self._parts)
         else:
             self._object = pickler.loads(data) if data.size else None
-        self._data = self._parts = self._works = None   # type: ignore[assignment]
+        self._first = self._data = self._parts = self._works = None   # type: ignore[assignment]
         self._done = True
+
+
+_pending_receives: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _pending(comm: Any) -> list[_ObjectReceive]:
+    """The object receives of `comm` whose buffers are not posted yet, in posting order (the caller
+    holds the "recv" lock)."""
+    with _tables_lock:
+        return _pending_receives.setdefault(comm._comm, [])
+
+
+def _advance(comm: Any) -> None:
+    """Post the buffers' receives of every pending receive of `comm` whose first frame has come, in
+    posting order (the caller holds the "recv" lock). Looked at latest-posted first: a receive
+    posted earlier that takes a message of the same stream takes it earlier, so it is seen complete
+    too, whatever another thread's progress pass does meanwhile."""
+    pending = _pending(comm)
+    came = [receive for receive in reversed(pending) if receive._header.is_completed()]
+    for receive in reversed(came):
+        pending.remove(receive)
+        receive._post_rest()
+
+
+def _receive_space(buf: Any) -> np.ndarray:
+    """Where a lowercase irecv receives the first frame: `buf`'s memory, `buf` bytes if an int, or
+    mpi4py.rc.irecv_bufsz bytes (32768 by default) if None."""
+    if buf is None:
+        rc = getattr(sys.modules.get("mpi4py"), "rc", None)
+        return np.empty(int(getattr(rc, "irecv_bufsz", 32768)), np.uint8)
+    if isinstance(buf, (int, np.integer)) and not isinstance(buf, bool):
+        return np.empty(int(buf), np.uint8)
+    view = memoryview(buf)
+    if view.readonly:
+        raise TypeError(f"irecv: the buffer ({type(buf).__name__}) is read-only")
+    return np.frombuffer(view.cast("B"), np.uint8)
 
 
 class _Sends:
@@ -285,57 +379,78 @@ class ObjectMethods:
 
     # -- point to point ----------------------------------------------------------------------------
 
-    def _post_object(self, obj: Any, dest: int, tag: int) -> Request:
+    def _post_object(self, obj: Any, dest: int, tag: int, synchronous: bool = False) -> Request:
+        """Send `obj`'s frames: the first on `tag` (synchronous: complete once matched), the
+        buffers after it on `tag + RESERVED_TAG_BASE`, which no user receive matches."""
         if dest == PROC_NULL:
             return Request(None)
         dest, tag = int(dest), int(tag)
         parts = frames(obj, self._pickler())
-        comm = self._comm
-        with _lock(self, "send"):   # one object's frames are consecutive at (dest, tag)
-            works = [comm.send(part, dest, tag, async_op=True) for part in parts]
+        send = self._comm.send
+        with _lock(self, "send"):   # one object's buffers follow its first frame at (dest, tag)
+            works = [send(parts[0], dest, tag, async_op=True, synchronous=synchronous)]
+            works += [send(part, dest, tag + RESERVED_TAG_BASE, async_op=True) for part in parts[1:]]
         return Request(works[0] if len(works) == 1 else _Sends(works))
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send a picklable object to `dest` (blocking until its buffers may be reused)."""
         self._post_object(obj, dest, tag).Wait()
 
-    bsend = ssend = send
+    bsend = send
+
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Synchronous send: returns once `dest` has matched the object to a receive."""
+        self._post_object(obj, dest, tag, synchronous=True).Wait()
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """Nonblocking send of an object."""
         return self._post_object(obj, dest, tag)
 
-    ibsend = issend = isend
+    ibsend = isend
+
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """Nonblocking synchronous send: complete once `dest` has matched the object to a receive."""
+        return self._post_object(obj, dest, tag, synchronous=True)
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> Any:
         """Receive an object from `source` with `tag` (wildcards allowed); MPI.PROC_NULL gives None.
 
-        `buf` is deprecated (mpi4py warns too) and not needed: the message's size is probed.
+        `buf` is deprecated (mpi4py warns too) and not needed: the message is probed, so it may be
+        of any size.
         """
         if buf is not None:
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return self._irecv_object(source, tag).wait(status)
+        if source == PROC_NULL:
+            return self._object_request(None).wait(status)
+        return self._object_request(_ObjectReceive(self, int(source), int(tag))).wait(status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Nonblocking receive of an object: the request's `wait()` returns it."""
-        return self._irecv_object(source, tag)
-
-    def _irecv_object(self, source: int, tag: int) -> Request:
+        """Nonblocking receive of an object, posted now into `buf` (or `buf` bytes if an int, or
+        mpi4py.rc.irecv_bufsz bytes, 32768 by default): the request's `wait()` returns the object;
+        a larger pickle raises MPI.Exception (MPI.ERR_TRUNCATE)."""
         if source == PROC_NULL:
-            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
+            return self._object_request(None)
         receive = _ObjectReceive(self, int(source), int(tag))
-        return Request(receive, status_fields=lambda: receive.fields, returns_object=True)
+        receive.post(_receive_space(buf))
+        return self._object_request(receive)
 
     def _mrecv_object(self, envelope: Any) -> Request:
-        receive = _ObjectReceive(self, envelope.source, envelope.tag, envelope)
+        receive = _ObjectReceive(self, envelope.source, envelope.tag)
+        receive.claim(envelope)
+        return self._object_request(receive)
+
+    @staticmethod
+    def _object_request(receive: _ObjectReceive | None) -> Request:
+        if receive is None:   # from MPI.PROC_NULL
+            return Request(None, status_fields=(PROC_NULL, ANY_TAG, 0), returns_object=True)
         return Request(receive, status_fields=lambda: receive.fields, returns_object=True)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
         """Send `sendobj` to `dest` and receive an object from `source`; returns the one received."""
         send = self._post_object(sendobj, dest, sendtag)
-        received = self._irecv_object(source, recvtag).wait(status)
+        received = self.recv(None, source, recvtag, status)
         send.Wait()
         return received
 

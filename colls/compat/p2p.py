@@ -3,8 +3,9 @@ probes, matched probes, persistent requests, and (from `objects`) the lowercase 
 
 MPI's rules hold as the transports implement them: `MPI.ANY_SOURCE`/`MPI.ANY_TAG` receives, a
 receive buffer larger than the message (the status says how much came), MPI.PROC_NULL as a peer
-that completes at once with nothing. `Bsend`, `Ssend` and `Rsend` are sends (colls buffers every
-message it cannot deliver at once, so a buffered send needs no attached buffer).
+that completes at once with nothing. `Ssend`/`Issend` are synchronous (complete once the receiver
+has matched the message); `Bsend` and `Rsend` are sends (colls buffers every message it cannot
+deliver at once, so a buffered send needs no attached buffer).
 """
 
 from __future__ import annotations
@@ -157,11 +158,11 @@ class _Both:
 class PointToPoint(ObjectMethods):
     """The point-to-point methods of `Comm` (a mixin: `self._comm` is the colls `Communicator`)."""
 
-    def _isend(self, buf: Any, dest: int, tag: int) -> Request:
+    def _isend(self, buf: Any, dest: int, tag: int, synchronous: bool = False) -> Request:
         if dest == PROC_NULL:
             return Request(None)
         data = simple(buf, writable=False).data()
-        return Request(self._comm.send(data, int(dest), int(tag), async_op=True))
+        return Request(self._comm.send(data, int(dest), int(tag), async_op=True, synchronous=synchronous))
 
     def _irecv(self, buf: Any, source: int, tag: int) -> Request:
         if source == PROC_NULL:
@@ -182,7 +183,11 @@ class PointToPoint(ObjectMethods):
         """Send a buffer to `dest` with `tag`."""
         self._isend(buf, dest, tag).Wait()
 
-    Ssend = Bsend = Rsend = Send
+    Bsend = Rsend = Send
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Synchronous send: returns once `dest` has matched the message to a receive."""
+        self._isend(buf, dest, tag, synchronous=True).Wait()
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> None:
@@ -194,7 +199,11 @@ class PointToPoint(ObjectMethods):
         """Nonblocking Send."""
         return self._isend(buf, dest, tag)
 
-    Issend = Ibsend = Irsend = Isend
+    Ibsend = Irsend = Isend
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """Nonblocking synchronous send: complete once `dest` has matched the message."""
+        return self._isend(buf, dest, tag, synchronous=True)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Nonblocking Recv."""
@@ -279,7 +288,11 @@ class PointToPoint(ObjectMethods):
         """A persistent send: each `Start` sends the buffer's contents at that time."""
         return Prequest(lambda: self._isend(buf, dest, tag))
 
-    Bsend_init = Ssend_init = Rsend_init = Send_init
+    Bsend_init = Rsend_init = Send_init
+
+    def Ssend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        """A persistent synchronous send: each `Start` posts an `Issend` of the buffer."""
+        return Prequest(lambda: self._isend(buf, dest, tag, synchronous=True))
 
     def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
         """A persistent receive: each `Start` posts the receive again."""

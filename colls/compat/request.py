@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from transports.errors import CollectiveTimeout
+from transports.errors import CollectiveTimeout, MessageTruncated
 
 from .datatypes import PREDEFINED, UNDEFINED, Datatype
+from .errors import ERROR_CLASSES, MPIException
 from .handles import HandleTable
 
 ANY_SOURCE = -2
@@ -87,6 +88,13 @@ class Status:
 
     def _clear(self) -> None:
         self._fill(ANY_SOURCE, ANY_TAG, 0)
+
+
+def truncated(error: MessageTruncated) -> MPIException:
+    """MPI's truncation error, as mpi4py raises it (MPI.Exception, error class MPI.ERR_TRUNCATE)."""
+    exception = MPIException(ERROR_CLASSES["ERR_TRUNCATE"][0], f"Message truncated: {error}")
+    exception.__cause__ = error
+    return exception
 
 
 StatusFields = tuple[int, int, int]
@@ -199,7 +207,10 @@ class Request:
         """Finish the operation (waiting if need be): run `finish`, keep the result."""
         op = self._op
         if op.pending:
-            result = op.work.wait() if op.work is not None else None
+            try:
+                result = op.work.wait() if op.work is not None else None
+            except MessageTruncated as error:
+                raise truncated(error) from error
             op.pending = False
             if op.finish is not None:   # once per start
                 finish, op.finish = op.finish, None
