@@ -129,6 +129,11 @@ class Request:
         returns_object: whether `wait()` returns the work's result (an object receive).
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Request:
+        # mpi4py's signature, so a subclass's `__new__(cls, request)` may call `super().__new__(cls,
+        # request)`; `__init__` then makes the handle from the same arguments
+        return super().__new__(cls)
+
     def __init__(self, work: Any = _NULL, finish: Callable[[Any], None] | None = None,
                  status_fields: StatusFields | Callable[[], StatusFields] | None = None,
                  returns_object: bool = False) -> None:
@@ -251,10 +256,13 @@ class Request:
 
     def Test(self, status: Status | None = None) -> bool:
         """Whether the operation has completed (driving progress once); completes it if so."""
-        return self.test(status)[0]
+        return self._test(status)[0]
 
     def test(self, status: Status | None = None) -> tuple[bool, Any]:
         """(whether the operation has completed, the received object or None)."""
+        return self._test(status)
+
+    def _test(self, status: Status | None) -> tuple[bool, Any]:
         if self._active and not self._poll():
             return False, None
         return True, self._complete(status)
