@@ -2,13 +2,13 @@
 
 from . import allgather, allreduce, alltoall, barrier, broadcast, gather, hierarchical, reduce, reduce_scatter
 from .ops import AVG, BAND, BOR, BUILTIN, BXOR, MAX, MIN, PROD, SUM, Op
-from .registry import CATALOGUE, Algorithm, lookup, names, register
+from .registry import CATALOGUE, Algorithm, algorithm, lookup, names, register
 
 __all__ = [
     "allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather", "hierarchical", "reduce",
     "reduce_scatter",
     "AVG", "BAND", "BOR", "BUILTIN", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
-    "CATALOGUE", "Algorithm", "lookup", "names", "register",
+    "CATALOGUE", "Algorithm", "algorithm", "lookup", "names", "register",
 ]
 
 # The algorithm each collective uses when none is asked for (selection by cost comes later).

@@ -7,6 +7,7 @@
 
 from algorithms import AVG, BAND, BOR, BXOR, MAX, MIN, PROD, SUM, Op
 from algorithms import names as _names
+from algorithms.registry import algorithm
 from transports.base import ANY_SOURCE, ANY_TAG, Envelope
 from transports.errors import (
     CollectiveMismatch,
@@ -39,6 +40,6 @@ __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "MAX", "MIN", "PROD", "SUM", "Op",
     "CollectiveMismatch", "CollectiveTimeout", "CollsError", "CommunicatorAborted", "InvalidArgument",
     "PeerLost", "MessageTruncated", "ANY_SOURCE", "ANY_TAG", "Envelope",
-    "TransportError", "Communicator", "Persistent", "Work", "SpawnError", "algorithms", "alloc", "explain",
-    "init", "spawn",
+    "TransportError", "Communicator", "Persistent", "Work", "SpawnError", "algorithm", "algorithms", "alloc",
+    "explain", "init", "spawn",
 ]

@@ -137,6 +137,10 @@ VARIABLES: tuple[Variable, ...] = (
     _transport("COLLS_SIM_THREADS", "bool", False,
                "sim: run simulated ranks as threads even where greenlet is installed"),
     # --- launcher: set for each rank by colls run, colls.spawn, colls bench, colls fuzz ---------
+    _launcher("COLLS_PLUGINS", "text",
+              "plugin modules (or .py files), comma-separated, that each rank imports as its "
+              "communicator is made, so that their `colls.algorithm` schedules run by name: "
+              "`--plugin` of `colls run` and `colls bench` sets it (a script may too, see docs/plugins.md)"),
     _launcher("COLLS_RANK", "int", "this process's rank in the job", minimum=0),
     _launcher("COLLS_WORLD_SIZE", "int", "how many ranks the job has", minimum=1),
     _launcher("COLLS_LOCAL_RANK", "int", "this process's rank among those of its machine", minimum=0),

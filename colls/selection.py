@@ -22,6 +22,7 @@ from algorithms import DEFAULTS, lookup, names
 from algorithms.cost import Machine, predict
 
 from . import config
+from .plugins import load_environment
 
 # Measured on the reference 2-core machine by `colls tune`; a tune file replaces them.
 DEFAULT_MACHINES = {
@@ -162,6 +163,7 @@ class Selector:
         self.machine = load_machine(transport)
         self.rules = load_rules(transport, size)   # what `colls tune` measured fastest, by size
         self.pinned = pins()   # COLLS_ALGO as it was when the communicator was made (as NCCL's env)
+        load_environment()     # and COLLS_PLUGINS' schedules, which `algorithm=` may then name
         self._choices: dict[tuple, str] = {}   # (collective, bytes, commutative) -> name
 
     def explain(self, collective: str, nbytes: int, candidates: list[str] | None = None) -> Explanation:

@@ -1,4 +1,5 @@
-"""`colls fuzz --plugin PATH[:ARGUMENT]`: code of the user's loaded into the fuzzer before it runs.
+"""`colls fuzz --plugin PATH[:ARGUMENT]`: code of the user's loaded into the fuzzer before it runs
+(`colls.plugins.load`), e.g. a module of `colls.algorithm` schedules to fuzz with `--algorithms`.
 
 A plugin is a Python file (or an importable module name) that changes the library in this process
 before any communicator exists, e.g. the test suite's planted faults (`tests/planted_faults.py`),
@@ -10,48 +11,9 @@ The replay command and the printed snippet load the same plugins, so a failure r
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from ..plugins import load
 
-
-def load(spec: str) -> ModuleType:
-    """Import the plugin `spec` (a .py path or a module name, optionally `:argument`) and set it up.
-
-    Args:
-        spec: `path/to/file.py`, `package.module`, either with `:argument` after it.
-
-    Returns:
-        The imported module.
-
-    Raises:
-        ValueError: the file or module cannot be found, or takes an argument but has no `setup`.
-    """
-    target, _, argument = spec.partition(":")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise ValueError(f"--plugin {spec}: no file {path}")
-        name = f"colls_plugin_{path.stem}"
-        module = sys.modules.get(name)
-        if module is None:
-            found = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(found)
-            sys.modules[name] = module
-            found.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as error:
-            raise ValueError(f"--plugin {spec}: {error}") from None
-    if argument:
-        setup = getattr(module, "setup", None)
-        if setup is None:
-            raise ValueError(f"--plugin {spec}: {target} has no setup(argument) to take {argument!r}")
-        setup(argument)
-    return module
+__all__ = ["load", "snippet_lines"]
 
 
 def snippet_lines(specs: list[str]) -> list[str]:
