@@ -14,7 +14,7 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
         description="Start N ranks of a Python script (or -m module), each told its rank through "
                     "COLLS_* variables; prefix their output with [rank]; if one fails, stop all.",
         usage="colls run -n N [--transport {shm,mpi,cuda_ipc}] [--hosts H] [--timeout SECONDS] "
-              "[python] (script.py | -m module) [args ...]")
+              "[--plugin MODULE] [python] (script.py | -m module) [args ...]")
     parser.add_argument("-n", "--nprocs", type=int, required=True, metavar="N", help="number of ranks")
     parser.add_argument("--transport", choices=("shm", "mpi", "cuda_ipc"), default=None,
                         help="how ranks exchange data (default: $COLLS_TRANSPORT, else shm; cuda_ipc: "
@@ -27,6 +27,9 @@ def add_run(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--as-mpi4py", action="store_true",
                         help="run an unmodified mpi4py script on colls: `from mpi4py import MPI` gives "
                              "colls' facade (colls.compat); output unprefixed, as mpiexec prints it")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="a module or .py file of colls.algorithm schedules every rank loads "
+                             "(COLLS_PLUGINS), so that algorithm= may name them; repeatable")
     # REMAINDER on both, so the program's own options (even -n) are passed through untouched.
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="module args",
                         help="run a library module as a script, like python -m")
@@ -57,8 +60,13 @@ def run_command(args: argparse.Namespace) -> int:
         if as_mpi4py:   # the facade's runner between the Python and the program; output as mpiexec's
             python, rest = interpreter_and_program(argv_of_program)
             argv_of_program = [python, "-m", "colls.compat.run", *rest]
+        env = None
+        if args.plugin:   # every rank loads them as its communicator is made
+            from .plugins import with_plugins
+
+            env = {"COLLS_PLUGINS": with_plugins(args.plugin)}
         return launch(argv_of_program, args.nprocs, transport=args.transport, timeout=args.timeout,
-                      hosts=args.hosts, prefix=not as_mpi4py)
+                      env=env, hosts=args.hosts, prefix=not as_mpi4py)
     except ValueError as error:   # refused before any rank starts (a bad COLLS_TRANSPORT too)
         args.parser.error(str(error))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,7 +22,7 @@ from transports.errors import InvalidArgument
 
 from . import config
 
-__all__ = ["ENTRY_POINT_GROUP", "add_to_environment", "load", "load_entry_points", "load_environment"]
+__all__ = ["ENTRY_POINT_GROUP", "load", "load_entry_points", "load_environment", "with_plugins"]
 
 
 def load(spec: str) -> ModuleType:
@@ -88,20 +87,24 @@ def load_environment() -> list[ModuleType]:
     return modules
 
 
-def add_to_environment(specs: list[str], environment: dict | None = None) -> None:
-    """Append `specs` to COLLS_PLUGINS in `environment` (default this process's, which the ranks a
-    launcher starts inherit), each a path made absolute so that a rank elsewhere finds it."""
-    given = _specs(config.get("COLLS_PLUGINS") if environment is None
-                   else environment.get("COLLS_PLUGINS", ""))
-    environment = os.environ if environment is None else environment
+def with_plugins(specs: list[str]) -> str:
+    """COLLS_PLUGINS for ranks a launcher starts: this process's, then `specs` (each .py path made
+    absolute, so that a rank started elsewhere finds it).
+
+    Args:
+        specs: what `--plugin` gave, in order.
+
+    Returns:
+        The comma-separated value, each plugin once.
+    """
+    given = _specs(config.get("COLLS_PLUGINS"))
     for spec in specs:
         target, colon, argument = spec.partition(":")
         if target.endswith(".py"):
             spec = str(Path(target).resolve()) + colon + argument
         if spec not in given:
             given.append(spec)
-    if given:
-        environment["COLLS_PLUGINS"] = ",".join(given)
+    return ",".join(given)
 
 
 def _specs(text: str) -> list[str]:

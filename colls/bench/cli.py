@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import colls
+from colls.plugins import load, with_plugins
 
 from .report import markdown, plot, write_json
 from .spec import BASELINES, COLLECTIVES, DTYPES, OPS, Spec, error_path, format_bytes, parse_size, size_steps
@@ -54,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithm", default="auto", metavar="NAME",
                         help="force one colls algorithm for every collective, or 'auto' (the library's "
                              "choice, shown per row)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="a module or .py file of colls.algorithm schedules, loaded here and on every "
+                             "rank, so that --algorithm may name one (timed beside the catalogue's "
+                             "own choice, 'auto', and the baselines); repeatable")
     parser.add_argument("-w", "--warmup", type=int, default=5, metavar="W",
                         help="untimed calls before timing each point (default 5)")
     parser.add_argument("--iters", type=int, default=None, metavar="N",
@@ -101,6 +106,8 @@ def build_spec(args: argparse.Namespace) -> Spec:
     if set(baselines) - set(BASELINES):
         raise ValueError(f"--baselines {args.baselines}: choose from {','.join(BASELINES)}")
     algorithm = None if args.algorithm == "auto" else args.algorithm
+    for plugin in args.plugin:   # here too, so that --algorithm is checked against its schedules
+        load(plugin)
     for name in names if algorithm else ():
         if algorithm not in colls.algorithms(name):
             raise ValueError(f"--algorithm {algorithm}: {name} has no such algorithm; choose from "
@@ -115,12 +122,16 @@ def build_spec(args: argparse.Namespace) -> Spec:
                 sizes=tuple(size_steps(low, high, args.stepfactor)), dtype=args.dtype, op=args.op,
                 algorithm=algorithm, warmup=args.warmup, iters=args.iters, budget_s=args.budget,
                 baselines=baselines, memcheck=args.memcheck,
-                memcheck_calls=args.memcheck_calls, pin=args.pin, registered=args.registered)
+                memcheck_calls=args.memcheck_calls, pin=args.pin, registered=args.registered,
+                plugins=with_plugins(args.plugin))
 
 
-def _child_environment(job: str) -> dict[str, str]:
-    """Ours, minus an outer MPI job's variables, plus the path to this checkout and the job id."""
+def _child_environment(job: str, plugins: str = "") -> dict[str, str]:
+    """Ours, minus an outer MPI job's variables, plus the path to this checkout, the job id and
+    the plugins every rank loads (COLLS_PLUGINS)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(_FOREIGN_LAUNCHER_PREFIXES)}
+    if plugins:
+        env["COLLS_PLUGINS"] = plugins
     root = str(Path(colls.__file__).resolve().parent.parent)   # transports/ and algorithms/ live here too
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     env["COLLS_JOB"] = job   # segments are named after it, so a crashed rank's can be removed
@@ -148,7 +159,7 @@ def _run_ranks(spec: Spec, spec_path: str, timeout: float | None) -> int:
     job = secrets.token_hex(6)
     segments_before = mpich_segments()
     command = [mpiexec, "-n", str(spec.ranks), sys.executable, "-m", "colls.bench.runner", spec_path]
-    child = subprocess.Popen(command, env=_child_environment(job), start_new_session=True,
+    child = subprocess.Popen(command, env=_child_environment(job, spec.plugins), start_new_session=True,
                              preexec_fn=_die_with_parent)
     terminated: list[int] = []
 
@@ -275,8 +286,9 @@ def gpu_bench(args: argparse.Namespace, spec: Spec) -> int:
         spec = dataclasses.replace(spec, records_path=os.path.join(folder, "records.jsonl"), baselines=())
         spec_path = os.path.join(folder, "spec.json")
         spec.save(spec_path)
+        plugins = {"COLLS_PLUGINS": spec.plugins} if spec.plugins else {}
         status = launch(["-m", "colls.bench.gpu", spec_path], spec.ranks, "cuda_ipc", args.timeout,
-                        env={"PYTHONUNBUFFERED": "1"})
+                        env={"PYTHONUNBUFFERED": "1", **plugins})
         _, records = _read_records(spec.records_path)
     if args.json:
         settings = {key: value for key, value in dataclasses.asdict(spec).items() if key != "records_path"}

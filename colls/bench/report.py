@@ -9,7 +9,7 @@ import time
 
 from .spec import Spec, format_bytes
 
-_BASELINE_KEYS = {"MPI": "mpi", "Gloo": "gloo"}
+_BASELINE_KEYS = {"MPI": "mpi", "Gloo": "gloo", "auto": "auto"}
 
 
 def _microseconds(seconds: float) -> str:
@@ -54,6 +54,9 @@ class Table:
         if self.baselines:
             print("# beside each baseline: its median time, its busbw, and colls' busbw / its busbw "
                   "(> 1x: colls is faster)")
+        if "auto" in self.baselines:
+            print(f"# auto: colls' own choice at each size (algorithm=None), beside the forced "
+                  f"{spec.algorithm}")
         for label, reason in self.absent.items():
             print(f"# {label}: not measured: {reason}")
         if self.placement:

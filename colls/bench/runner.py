@@ -64,6 +64,28 @@ class Colls:
         self.comm.close()
 
 
+class CatalogueChoice:
+    """colls' own choice at each size (`algorithm=None`) on the same communicator: what a forced
+    algorithm, a plugin's say, is timed beside, as the baselines are."""
+
+    name = "auto"
+    label = "auto"
+
+    def __init__(self, colls: Colls) -> None:
+        self.colls = colls
+
+    def unsupported(self, case: Case) -> str | None:
+        """Never: colls runs every case."""
+        return None
+
+    def prepare(self, case: Case) -> Prepared:
+        """The colls call for `case` with no algorithm forced."""
+        return Prepared(*colls_call(self.colls.comm, case, None))
+
+    def close(self) -> None:
+        """Nothing of its own to release (the communicator is `Colls`')."""
+
+
 def timed(world, prepared: Prepared, iterations: int) -> np.ndarray:
     """Per-iteration seconds of the slowest rank: barrier, time one call, MAX over ranks at the end."""
     from mpi4py import MPI
@@ -292,6 +314,8 @@ def run(spec: Spec, world, MPI) -> None:
     placement = pin_rank(world) if spec.pin else None
     colls = Colls(world, spec.transport, spec.algorithm)
     baselines, absent = ([], {}) if spec.memcheck else start_baselines(world, spec)
+    if spec.algorithm is not None and not spec.memcheck:   # a forced one: beside colls' own choice
+        baselines.insert(0, CatalogueChoice(colls))
     records = open(spec.records_path, "a") if world.Get_rank() == 0 else None
 
     def emit(record: dict) -> None:

@@ -101,6 +101,7 @@ class Spec:
     memcheck_calls: int = 1000
     pin: bool = False                     # each rank on one CPU of its own, round robin (`pin_rank`)
     registered: bool = False              # colls' buffers in registered memory (`colls.alloc`)
+    plugins: str = ""                     # COLLS_PLUGINS for the ranks (`--plugin`)
     records_path: str = ""
 
     def save(self, path: str) -> None:

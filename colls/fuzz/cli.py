@@ -8,7 +8,7 @@ import secrets
 import subprocess
 import sys
 
-from algorithms import CATALOGUE
+from algorithms import names
 
 from .. import config
 from .execute import REGISTERED_VARIABLE
@@ -47,8 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every call's buffers in registered memory (colls.alloc); with "
                              "COLLS_SHM_MAPPED_BYTES small, shm moves the fuzzer's small messages mapped")
     parser.add_argument("--plugin", action="append", default=[], metavar="PATH[:ARG]",
-                        help="load this Python file or module first (its setup(ARG) called), e.g. the "
-                             "test suite's planted faults; the replay line and snippet load it too")
+                        help="load this Python file or module first (its setup(ARG) called): schedules "
+                             "of your own (colls.algorithm) for --algorithms, or the test suite's "
+                             "planted faults; the replay line and snippet load it too")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -70,9 +71,10 @@ def _space(args: argparse.Namespace, low: int, high: int) -> Space:
     unknown = [c for c in chosen if c not in (*COLLECTIVES, *extras)]
     if unknown:
         raise ValueError(f"--collectives: unknown {unknown}; choose from {list(COLLECTIVES)} or {extras}")
-    known = {name for table in CATALOGUE.values() for name in table} | {"auto"}
+    known = {name for collective in COLLECTIVES for name in names(collective)} | {"auto"}
     if args.algorithms and not set(args.algorithms) <= known:
-        raise ValueError(f"--algorithms: unknown {sorted(set(args.algorithms) - known)}")
+        raise ValueError(f"--algorithms: unknown {sorted(set(args.algorithms) - known)} (a plugin's: "
+                         f"load it with --plugin)")
     for pair in args.skip:
         kind, _, mode = pair.partition(":")
         if mode not in MODES.get(kind, ()):
