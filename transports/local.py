@@ -4,14 +4,15 @@ A send larger than 4 KiB is a rendezvous, not an eager copy: it is parked in the
 and completes only when the receiver has copied (or reduced) straight out of the sender's buffer.
 That is stricter than a buffered transport, so an algorithm that only works because big sends
 complete early fails here too; small sends are copied and complete at once, as MPI's eager ones do.
+A synchronous send (`issend`) is never eager: it completes when a receive (or `improbe`) takes it.
 One lock and condition guard the whole world; with the GIL there is nothing to gain from finer locks.
 Every verb takes it, and a wait releases it while it sleeps, so any number of threads may use one
 rank's transport at once.
 
 MPI's point-to-point matching: a rank's receives are kept in one list, in posting order, and each
 takes the earliest message that matches it (from its source, or the earliest sent from any source for
-ANY_SOURCE; with its tag, or any point-to-point tag for ANY_TAG). With both sides in a single order
-that is the matching MPI defines whatever the moment each side arrived.
+ANY_SOURCE; with its tag, or any user tag, below RESERVED_TAG_BASE, for ANY_TAG). With both sides in
+a single order that is the matching MPI defines whatever the moment each side arrived.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .base import (
     ANY_SOURCE,
     ANY_TAG,
     COLLECTIVE_TAG_BASE,
+    RESERVED_TAG_BASE,
     Envelope,
     Exchange,
     Reducer,
@@ -115,6 +117,14 @@ class LocalTransport(Transport):
             self.world.cond.notify_all()
         return request
 
+    def issend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "local synchronous send")
+        with self.world.cond:
+            request = _Send(peer, tag, buf, self.rank, next(self.world.sends))
+            self.world.mailbox[peer][self.rank].append(request)
+            self.world.cond.notify_all()
+        return request
+
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         check_buffer(buf, "local receive")
         request = _Recv(peer, tag, buf, None)
@@ -140,6 +150,10 @@ class LocalTransport(Transport):
             if send is None:
                 return None
             self.world.mailbox[self.rank][send.origin].remove(send)
+            if not send.done:   # claimed is matched (MPI): the send completes, its bytes kept here
+                send.data = send.data.copy()
+                send.done = True
+                self.world.cond.notify_all()
             return Envelope(send.origin, send.tag, send.nbytes, send)
 
     def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:
@@ -234,10 +248,10 @@ class LocalTransport(Transport):
 
 
 def _first_with_tag(queue: deque[_Send], tag: int) -> _Send | None:
-    """The first send in `queue` with `tag` (ANY_TAG: with any point-to-point tag)."""
+    """The first send in `queue` with `tag` (ANY_TAG: with any user tag)."""
     if tag == ANY_TAG:
         for send in queue:
-            if send.tag < COLLECTIVE_TAG_BASE:
+            if send.tag < RESERVED_TAG_BASE:
                 return send
         return None
     for send in queue:

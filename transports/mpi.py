@@ -1,8 +1,10 @@
 """The `mpi` transport: mpi4py's buffer methods (`Isend`/`Irecv` on raw bytes), never pickle.
 
-Collectives and the user's point-to-point messages travel on two duplicates of the communicator, so
-a user's tag can never match a collective's. A fused receive-reduce lands in a scratch buffer taken
-from a pool that grows to the largest message once and is then reused, and is reduced on completion.
+Collectives, the user's point-to-point messages and colls' own (tags from RESERVED_TAG_BASE, sent
+there with the tag less that base) travel on three duplicates of the communicator, so a user's tag
+(or ANY_TAG) can never match a collective's or a reserved one. A synchronous send is MPI_Issend. A
+fused receive-reduce lands in a scratch buffer taken from a pool that grows to the largest message
+once and is then reused, and is reduced on completion.
 
 Point-to-point semantics are MPI's own: ANY_SOURCE and ANY_TAG are MPI's (the user's tags have a
 communicator of their own, so ANY_TAG never matches a collective's message), a shorter message's
@@ -34,6 +36,7 @@ from .base import (
     ANY_SOURCE,
     ANY_TAG,
     COLLECTIVE_TAG_BASE,
+    RESERVED_TAG_BASE,
     Backoff,
     Capabilities,
     Envelope,
@@ -182,6 +185,7 @@ class MpiTransport(Transport):
         base = comm if comm is not None else MPI.COMM_WORLD
         self.collective_comm = base.Dup()
         self.p2p_comm = base.Dup()
+        self.reserved_comm = base.Dup()   # colls' own point-to-point tags, less RESERVED_TAG_BASE
         # a third context only for abort notices: one receive from anyone, always posted
         self.abort_comm = base.Dup()
         self.abort_notice = np.zeros(ABORT_NOTICE_BYTES, np.uint8)   # the aborter's reason, UTF-8
@@ -211,8 +215,13 @@ class MpiTransport(Transport):
         self.closed = False
 
     def _route(self, tag: int):
-        if tag >= COLLECTIVE_TAG_BASE:
-            return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
+        if tag >= RESERVED_TAG_BASE:
+            if tag >= COLLECTIVE_TAG_BASE:
+                return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
+            if tag - RESERVED_TAG_BASE >= self.tag_limit:
+                raise ValueError(f"rank {self.rank}: reserved tag {tag} is past MPI's range: at most "
+                                 f"RESERVED_TAG_BASE + {self.tag_limit - 1} (MPI_TAG_UB)")
+            return self.reserved_comm, tag - RESERVED_TAG_BASE
         if tag == ANY_TAG:
             return self.p2p_comm, self.MPI.ANY_TAG
         if not 0 <= tag < self.tag_limit:
@@ -228,6 +237,14 @@ class MpiTransport(Transport):
                 request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
         else:
             request.handle = comm.Isend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
+        return request
+
+    def issend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
+        check_buffer(buf, "mpi synchronous send")
+        comm, mpi_tag = self._route(tag)
+        request = _MpiRequest("send", peer, tag, buf)
+        with self.lock:
+            request.handle = comm.Issend([buf.view(np.uint8), self.MPI.BYTE], peer, mpi_tag)
         return request
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> Request:
@@ -259,7 +276,8 @@ class MpiTransport(Transport):
         with self.lock:
             if not comm.Iprobe(self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer, mpi_tag, status):
                 return None
-            return Envelope(status.Get_source(), status.Get_tag(), status.Get_count(self.MPI.BYTE))
+            return Envelope(status.Get_source(), status.Get_tag() if tag == ANY_TAG else tag,
+                            status.Get_count(self.MPI.BYTE))
 
     def improbe(self, peer: int, tag: int) -> Envelope | None:
         comm, mpi_tag = self._route(tag)
@@ -268,7 +286,8 @@ class MpiTransport(Transport):
             message = comm.Improbe(self.MPI.ANY_SOURCE if peer == ANY_SOURCE else peer, mpi_tag, status)
             if message is None:
                 return None
-            return Envelope(status.Get_source(), status.Get_tag(), status.Get_count(self.MPI.BYTE), message)
+            return Envelope(status.Get_source(), status.Get_tag() if tag == ANY_TAG else tag,
+                            status.Get_count(self.MPI.BYTE), message)
 
     def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:
         check_buffer(buf, "mpi receive")
@@ -325,7 +344,7 @@ class MpiTransport(Transport):
             raise CollectiveMismatch(
                 f"rank {self.rank} posted a receive of {request.nbytes} B from rank {request.peer} "
                 f"(tag {request.tag}) but a larger message arrived")
-        source, tag = status.Get_source(), status.Get_tag()
+        source, tag = status.Get_source(), status.Get_tag() if request.tag == ANY_TAG else request.tag
         size = "longer than that" if request.message_bytes is None else f"of {request.message_bytes} B"
         request.error = MessageTruncated(
             f"rank {self.rank}: a message {size} from rank {source} (tag {tag}) does not fit the "
@@ -470,5 +489,5 @@ class MpiTransport(Transport):
                 if request is not None:
                     request.Cancel()
                     request.Wait()
-            for comm in (self.collective_comm, self.p2p_comm, self.abort_comm):
+            for comm in (self.collective_comm, self.p2p_comm, self.reserved_comm, self.abort_comm):
                 comm.Free()

@@ -17,9 +17,14 @@ from .options import ALIGN
 
 # int64 indices in a FIFO's control block: head (the sender's line), tail and acks (the receiver's),
 # a request to help copy (the receiver's line: number, target address, offset, bytes) and the
-# number of the last one done (the sender's); see `help`
-HEAD, TAIL, ACKS, HELP_ASK, HELP_DONE = 0, 8, 16, 24, 32
-CONTROL_BYTES = 320
+# number of the last one done (the sender's), see `help`; the bits the receiver flips as it matches
+# synchronous messages (its line: 8 words), see `synchronous`
+HEAD, TAIL, ACKS, HELP_ASK, HELP_DONE, MATCHED = 0, 8, 16, 24, 32, 40
+CONTROL_BYTES = 384
+# a synchronous message's first header has this bit in its tag word, and its id above the tag
+SYNCHRONOUS = 1 << 62
+ID_SHIFT = 32
+TAG_MASK = (1 << ID_SHIFT) - 1
 HEADER_FIELDS = 4            # tag, message bytes, offset, chunk bytes
 # a header's chunk bytes that say the slot holds no chunk but how to read the message whole:
 RENDEZVOUS_CHUNK = -1        # the sender's buffer address (cross-memory attach)
@@ -77,11 +82,12 @@ class In(Request):
     `data` is where the message's bytes go and `size` how many come: the buffer whole until a
     message is matched (`matching`), then its first bytes for a shorter one, or a scratch buffer
     for one that does not fit. `seq` orders posted receives; a stash `claimed` (by `improbe`, or
-    by a receive while it still arrives) goes to its `claimant` only.
+    by a receive while it still arrives) goes to its `claimant` only; a stash's `synchronous` is the
+    flagged tag word of a synchronous message not yet matched (else 0).
     """
 
     __slots__ = ("buf", "data", "reducer", "pos", "stash", "carry", "helpable", "size", "seq", "claimed",
-                 "claimant")
+                 "claimant", "synchronous")
 
     def __init__(self, peer: int, tag: int, buf: np.ndarray, reducer: Reducer | None,
                  stash: bool = False, helpable: bool = False) -> None:

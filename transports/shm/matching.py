@@ -3,7 +3,8 @@
 A message is matched when its first header is read out of its sender's FIFO (`_pull`): it goes to
 the earliest-posted receive that wants it, whether that names its sender (`posted`, per peer) or
 ANY_SOURCE (`wild`, one list): a posting number (`In.seq`) orders the two. ANY_TAG wants every
-point-to-point tag (below COLLECTIVE_TAG_BASE), never a collective's. A message no receive wants
+user tag (below RESERVED_TAG_BASE), never colls' own nor a collective's. A synchronous message's
+first header is decoded only where no receive took it as it is (`synchronous`). A message no receive wants
 stays in its FIFO, unless receives wait behind it (for another tag from that peer, or from any
 peer): then it is taken aside into a buffer of its own (`stashed`, per peer, oldest first), so that
 later messages from that sender keep moving; a receive posted later looks there first.
@@ -23,20 +24,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import ANY_SOURCE, ANY_TAG, COLLECTIVE_TAG_BASE, Envelope, Reducer, check_buffer
+from ..base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    COLLECTIVE_TAG_BASE,
+    RESERVED_TAG_BASE,
+    Envelope,
+    Reducer,
+    check_buffer,
+)
 from ..errors import CollectiveMismatch, MessageTruncated
-from .fifo import HEAD, HEADER_FIELDS, In
+from .fifo import HEAD, HEADER_FIELDS, SYNCHRONOUS, TAG_MASK, In
 
 
 def wants(wanted: int, tag: int) -> bool:
     """Whether a receive or probe for tag `wanted` (or ANY_TAG) takes a message with `tag`."""
-    return wanted == tag or (wanted == ANY_TAG and tag < COLLECTIVE_TAG_BASE)
+    return wanted == tag or (wanted == ANY_TAG and tag < RESERVED_TAG_BASE)
 
 
 def first_wanting(receives: list[In], tag: int) -> int:
     """The index of the earliest of `receives` that wants a message with `tag`; -1 if none."""
     for i, request in enumerate(receives):
-        if request.tag == tag or (request.tag == ANY_TAG and tag < COLLECTIVE_TAG_BASE):
+        if request.tag == tag or (request.tag == ANY_TAG and tag < RESERVED_TAG_BASE):
             return i
     return -1
 
@@ -102,10 +111,14 @@ class Matching:
                 if request.tag == tag and request.nbytes == message_bytes:
                     del posted[i]
                     return request
-                if request.tag == tag or (request.tag == ANY_TAG and tag < COLLECTIVE_TAG_BASE):
+                if request.tag == tag or (request.tag == ANY_TAG and tag < RESERVED_TAG_BASE):
                     del posted[i]
                     return self._fit(request, peer, tag, message_bytes)
+            if tag >= SYNCHRONOUS:
+                return self._match_synchronous(peer, tag, message_bytes)
             return self._stash(peer, tag, message_bytes) if posted else None
+        if tag >= SYNCHRONOUS:
+            return self._match_synchronous(peer, tag, message_bytes)
         request = self._take(peer, tag)
         if request is not None:
             return self._fit(request, peer, tag, message_bytes)
@@ -113,9 +126,12 @@ class Matching:
 
     def _stash(self, peer: int, tag: int, message_bytes: int) -> In:
         """Take the message at the head of `peer`'s FIFO aside, into a buffer of its own (the rare,
-        allocating path: messages out of the order of receives)."""
-        stash = In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
-        stash.claimed, stash.claimant = False, None
+        allocating path: messages out of the order of receives). `tag` is the header's word: a
+        synchronous message's keeps its flag in the stash until a receive or `improbe` takes it."""
+        synchronous = tag if tag >= SYNCHRONOUS else 0
+        stash = In(peer, tag & TAG_MASK if synchronous else tag, np.empty(message_bytes, np.uint8), None,
+                   stash=True)
+        stash.claimed, stash.claimant, stash.synchronous = False, None, synchronous
         self.stashed[peer].append(stash)
         return stash
 
@@ -155,6 +171,9 @@ class Matching:
                 request = stash.claimant
             else:
                 request = self._take(peer, stash.tag)
+                if request is not None and stash.synchronous:
+                    self._flip_matched(peer, stash.synchronous)
+                    stash.synchronous = 0
                 if request is not None and not stash.done:   # still arriving: it is that receive's
                     stash.claimed, stash.claimant = True, request
             if not stash.done:
@@ -212,6 +231,9 @@ class Matching:
             for stash in self.stashed[peer]:
                 if not stash.claimed and wants(tag, stash.tag):
                     stash.claimed = claim
+                    if claim and stash.synchronous:   # claimed is matched (MPI_Improbe)
+                        self._flip_matched(peer, stash.synchronous)
+                        stash.synchronous = 0
                     return Envelope(peer, stash.tag, stash.size, stash if claim else None)
             tail = self.read_tail[peer]
             fifo = self.inbound[peer]

@@ -4,10 +4,11 @@
 Each rank owns one segment: a header page (`liveness`), then an inbound FIFO from every rank. A
 message below the rendezvous size (`options`) is cut into chunks that pipeline through the
 receiver's slots; a bigger one goes as one header naming the sender's buffer, read whole by the
-receiver (`rendezvous`). Posted requests move in `progress` passes, which `wait_all` drives with
-its deadline and liveness checks; the blocking `sendrecv` first tries the request-free `direct`
-path. One lock makes it safe from several threads. x86-64 only: ordering relies on its total store
-order (data stored before head is seen before head), and numpy's stores are plain stores.
+receiver (`rendezvous`); a synchronous send waits for its match (`synchronous`). Posted requests
+move in `progress` passes, which `wait_all` drives with its deadline and liveness checks; the
+blocking `sendrecv` first tries the request-free `direct` path. One lock makes it safe from
+several threads. x86-64 only: ordering relies on its total store order (data stored before head is
+seen before head), and numpy's stores are plain stores.
 """
 
 from __future__ import annotations
@@ -55,13 +56,14 @@ from .options import (
     rendezvous_bytes,
 )
 from .rendezvous import PeerMemory, probe_mapping, probe_region
+from .synchronous import Synchronous
 
 # A waiting rank's polls before it first yields its core when ranks outnumber cores (else
 # `Backoff.SPIN_POLLS`): the rank it waits for may be the one that needs the core.
 OVERSUBSCRIBED_SPIN_POLLS = 5
 
 
-class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
+class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, Transport):
     """One process's end of a shared-memory group (x86-64, one machine).
 
     Safe to use from several threads at once: one lock, held while posting, for each progress
@@ -147,6 +149,7 @@ class ShmTransport(Matching, DirectPath, Handshake, GroupLiveness, Transport):
         self.rendezvous_posted = [0] * size         # rendezvous sends I published, per peer
         self.acks_given = [0] * size                # rendezvous messages I consumed, per peer
         self.awaiting: list[list[Out]] = [[] for _ in range(size)]   # rendezvous sends not yet acked
+        self.unmatched: list[dict] = [{} for _ in range(size)]     # synchronous sends by id (`synchronous`)
         self.peer_memory = PeerMemory(rank, self.pids, self._lost)
         self._init_help()
         # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
