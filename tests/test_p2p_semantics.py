@@ -5,7 +5,8 @@ count); a message shorter than its buffer; a longer one (MessageTruncated on the
 sender done, the next message and collective unaffected); non-overtaking order with wildcard and
 specific receives mixed, at sizes from 0 B to over 1 MiB (shm sends those by address); ANY_TAG never
 matching a collective's message; iprobe/improbe/mrecv; several threads on one transport and two
-communicators at once; and the communicator's API over all of it.
+communicators at once; the communicator's API over all of it; colls' reserved tags (never matched by
+ANY_TAG) and synchronous sends (done only once their receive is posted; a probe does not do it).
 
 Each transport runs every check in one launch of 3 ranks (threads, forked processes, mpiexec).
 Every check runs on a communicator of its own (a split), so a failing one leaves no message behind
@@ -27,8 +28,8 @@ import numpy as np
 import pytest
 
 import colls
-from transports.base import ANY_SOURCE, ANY_TAG
-from transports.errors import InvalidArgument, MessageTruncated
+from transports.base import ANY_SOURCE, ANY_TAG, RESERVED_TAG_BASE
+from transports.errors import CollectiveTimeout, InvalidArgument, MessageTruncated
 
 SIZE = 3
 STEP_S = 10.0          # the deadline of every wait inside a check, and its communicator's timeout
@@ -398,6 +399,85 @@ def check_two_communicators_at_once(comm) -> None:
         second.close()
 
 
+# -- reserved tags and synchronous sends ----------------------------------------------------------
+
+def check_reserved_tags(comm) -> None:
+    """A message on one of colls' own tags, sent first, is seen by no ANY_TAG probe or receive; a
+    receive naming its tag takes it (shorter fits, longer is truncated) through the communicator."""
+    t, reserved = comm.transport, RESERVED_TAG_BASE + 5
+    if comm.rank == 0:
+        comm.barrier(timeout=STEP_S)
+        found = _poll(t.iprobe, 1, reserved)
+        assert (found.source, found.tag, found.nbytes) == (1, reserved, 24)
+        user = _poll(t.iprobe, ANY_SOURCE, ANY_TAG)
+        assert (user.source, user.tag) == (1, 3), user
+        buf = _buffer(64)
+        request = t.irecv(buf, ANY_SOURCE, ANY_TAG)
+        _wait(t, [request])
+        _received(request, buf, 1, 3, 8, 1)
+        assert t.iprobe(ANY_SOURCE, ANY_TAG) is None
+        got = np.zeros(5, np.int64)
+        work = comm.recv(got, 1, reserved, async_op=True)
+        work.wait()
+        assert (work.status.tag, work.status.nbytes) == (reserved, 24) and got.tolist() == [7, 8, 9, 0, 0]
+        with pytest.raises(MessageTruncated):
+            comm.recv(np.zeros(1, np.int64), 1, reserved + 1)
+    elif comm.rank == 1:
+        comm.send(np.array([7, 8, 9], np.int64), 0, tag=reserved)
+        _send(t, 8, 0, 3, 1)
+        comm.send(np.zeros(2, np.int64), 0, tag=reserved + 1)
+        comm.barrier(timeout=STEP_S)
+    else:
+        comm.barrier(timeout=STEP_S)
+    comm.barrier(timeout=STEP_S)
+
+
+def _still_pending(transport, requests) -> None:
+    with pytest.raises(CollectiveTimeout):
+        transport.wait_all(requests, time.monotonic() + 0.3)
+    assert not any(request.done for request in requests)
+
+
+def check_synchronous_sends(comm) -> None:
+    """Synchronous sends of 8 B, over 1 MiB and 0 B complete only once rank 0 posts their receives
+    (not when it probes them, nor when it receives a later message first); one to self."""
+    t = comm.transport
+    sizes = {11: 8, 12: BIG, 13: 0, 15: 8}
+    if comm.rank == 0:
+        buf = _buffer(16)
+        request = t.irecv(buf, 1, 16)   # sent after tag 15's synchronous message, received first
+        _wait(t, [request])
+        _received(request, buf, 1, 16, 8, 16)
+        for tag in (11, 12):
+            found = _poll(t.iprobe, 1, tag)
+            assert (found.tag, found.nbytes) == (tag, sizes[tag])
+        comm.barrier(timeout=STEP_S)
+        comm.barrier(timeout=STEP_S)   # rank 1 has seen its sends pending
+        claimed = _poll(t.improbe, 1, 13)
+        requests = [(tag, _buffer(sizes[tag] + 8)) for tag in (11, 12, 15)]
+        posted = [t.irecv(got, 1, tag) for tag, got in requests] + [t.mrecv(_buffer(8), claimed)]
+        _wait(t, posted)
+        for (tag, got), request in zip(requests, posted, strict=False):
+            _received(request, got, 1, tag, sizes[tag], tag)
+    elif comm.rank == 1:
+        sends = {tag: t.issend(_pattern(n, tag), 0, tag) for tag, n in sizes.items()}
+        _wait(t, [t.isend(_pattern(8, 16), 0, 16)])
+        comm.barrier(timeout=STEP_S)
+        _still_pending(t, list(sends.values()))
+        comm.barrier(timeout=STEP_S)
+        _wait(t, list(sends.values()))
+    else:
+        mine = t.issend(_pattern(8, 2), 2, 14)
+        _still_pending(t, [mine])
+        buf = _buffer(8)
+        request = t.irecv(buf, 2, 14)
+        _wait(t, [request, mine])
+        _received(request, buf, 2, 14, 8, 2)
+        comm.barrier(timeout=STEP_S)
+        comm.barrier(timeout=STEP_S)
+    comm.barrier(timeout=STEP_S)
+
+
 # -- the communicator's API ------------------------------------------------------------------------
 
 def check_communicator_api(comm) -> None:
@@ -472,7 +552,8 @@ def check_communicator_threads(comm) -> None:
 CHECKS = [check_any_source, check_any_tag, check_any_source_any_tag, check_shorter_message,
           check_truncation, check_order_receives_posted_first, check_order_messages_sent_first,
           check_any_tag_skips_collectives, check_probes, check_threads_on_one_transport,
-          check_two_communicators_at_once, check_communicator_api, check_communicator_threads]
+          check_two_communicators_at_once, check_communicator_api, check_communicator_threads,
+          check_reserved_tags, check_synchronous_sends]
 
 
 def run_checks(world) -> dict[str, str]:

@@ -127,10 +127,13 @@ class Matching:
     def _stash(self, peer: int, tag: int, message_bytes: int) -> In:
         """Take the message at the head of `peer`'s FIFO aside, into a buffer of its own (the rare,
         allocating path: messages out of the order of receives). `tag` is the header's word: a
-        synchronous message's keeps its flag in the stash until a receive or `improbe` takes it."""
+        synchronous message's flag moves from the header to the stash, until a receive or `improbe`
+        takes it."""
         synchronous = tag if tag >= SYNCHRONOUS else 0
-        stash = In(peer, tag & TAG_MASK if synchronous else tag, np.empty(message_bytes, np.uint8), None,
-                   stash=True)
+        if synchronous:
+            tag &= TAG_MASK
+            self._clear_flag(peer, tag)
+        stash = In(peer, tag, np.empty(message_bytes, np.uint8), None, stash=True)
         stash.claimed, stash.claimant, stash.synchronous = False, None, synchronous
         self.stashed[peer].append(stash)
         return stash

@@ -108,18 +108,25 @@ class Synchronous:
         finally:
             self._release()
 
-    def _match_synchronous(self, peer: int, flagged: int, message_bytes: int):
+    def _match_synchronous(self, peer: int, flagged: int, message_bytes: int) -> None:
         """A new message from `peer` whose header says its sender waits for the match (`_match`
         found no receive for the flagged tag): if a receive wants it, tell the sender and clear the
-        flag in the header, leaving the message for the next pass to match as any other (None);
-        else take it aside as `_match` would, the flag kept with it, or leave it (None)."""
+        flag in the header; else if receives wait behind it, take it aside as `_match` would (the
+        flag kept with the stash, cleared in the header); else leave it. The next pass goes on with
+        it as with any other message: None."""
         tag = flagged & TAG_MASK
         if first_wanting(self.posted[peer], tag) >= 0 or first_wanting(self.wild, tag) >= 0:
             self._flip_matched(peer, flagged)
-            fifo = self.inbound[peer]
-            fifo.hdr[int(fifo.ctl[TAIL]) % self.slots * HEADER_FIELDS] = tag
-            return None
-        return self._stash(peer, flagged, message_bytes) if self.posted[peer] or self.wild else None
+            self._clear_flag(peer, tag)
+        elif self.posted[peer] or self.wild:
+            self.current[peer] = self._stash(peer, flagged, message_bytes)
+            self.active_in.add(peer)
+        return None
+
+    def _clear_flag(self, peer: int, tag: int) -> None:
+        """Write the plain `tag` into the header of the message at the head of `peer`'s FIFO."""
+        fifo = self.inbound[peer]
+        fifo.hdr[int(fifo.ctl[TAIL]) % self.slots * HEADER_FIELDS] = tag
 
     def _flip_matched(self, peer: int, flagged: int) -> None:
         """Tell `peer` that its synchronous message with the `flagged` tag word is matched."""
