@@ -648,3 +648,31 @@ def test_sends_to_myself_complete_before_i_receive_them_on_shm():
     they complete before their receives are posted."""
     for seen in colls.spawn(_to_myself, 2, transport="shm", timeout=40):
         assert seen == [list(range(12))] * 2
+
+
+def _synchronous_out_of_order(comm) -> list:
+    """Rank 1 sends 70 synchronous messages (tags 0..69, some of several slots), rank 0 receives
+    them in reverse order; three rounds, so that shm reuses the ids it gave."""
+    sizes = [8 if tag % 3 else 4 * CHUNK + 4 for tag in range(70)]
+    got = []
+    for round_ in range(3):
+        if comm.rank == 1:
+            works = [comm.send(np.full(n // 4, tag + round_, np.int32), 0, tag=tag, async_op=True,
+                               synchronous=True) for tag, n in enumerate(sizes)]
+            assert not any(work.is_completed() for work in works)   # (rank 0 waits in the barrier)
+            comm.barrier()
+            for work in works:
+                work.wait()
+        else:
+            comm.barrier()
+            for tag in reversed(range(70)):
+                received = comm.recv(np.zeros(sizes[tag] // 4, np.int32), 1, tag=tag, timeout=10)
+                got.append(bool((received == tag + round_).all()))
+    return got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_synchronous_sends_matched_out_of_order_complete_once_received(transport):
+    got, _ = colls.spawn(_synchronous_out_of_order, 2, transport=transport, timeout=40)
+    assert got == [True] * 210
