@@ -4,6 +4,7 @@
     colls plan train --params 100e9 --dp 16 --tp 8 --pp 8 --zero 1 --v 2 --nodes 128 [--compare] [--json]
     colls plan search --params 100e9 --layers 80 --global-batch 1024 --nodes 128 --oversubscription 2
     colls plan scale -c all_reduce -s 1G --nodes 1,2,4,8 [--plot f.png]
+    colls plan collective -c broadcast --plugin mypkg.algos --algorithm my_tree --nodes 128
 
 Sizes and rates are decimal (`units.SIZE_CONVENTION`); link speeds need a unit (--nic 400Gb/s).
 """
@@ -14,7 +15,8 @@ import argparse
 import json
 from dataclasses import replace
 
-from algorithms import names
+from algorithms import lookup, names
+from algorithms.cost import Machine
 
 from . import nccl_model
 from .presets import PRESETS, preset
@@ -95,6 +97,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 "it, the mean over every placement")
     for mode in (collective, train, search, scale):
         add_cluster_options(mode, "128" if mode in (train, search) else "16")
+    for mode in (collective, scale):
+        mode.add_argument("--algorithm", default=None, metavar="NAME",
+                          help="simulate only this algorithm (beside NCCL's model), with its declared "
+                               "alpha-beta cost where it has one (a plugin's `cost=`)")
+        mode.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                          help="a module or .py file of colls.algorithm schedules to load first; repeatable")
+
+
+def only_algorithm(args: argparse.Namespace) -> str | None:
+    """Load `--plugin`s, then check `--algorithm` against the collective's names.
+
+    Raises:
+        SystemExit: a plugin that does not load, or an algorithm the collective lacks.
+    """
+    from colls.plugins import load
+
+    try:
+        for plugin in args.plugin:
+            load(plugin)
+    except ValueError as error:
+        raise SystemExit(f"colls plan: {error}") from None
+    if args.algorithm == "hierarchical":
+        raise SystemExit("colls plan: --algorithm hierarchical runs as its compositions across nodes: "
+                         "leave --algorithm out to see them")
+    if args.algorithm is not None and args.algorithm not in names(args.collective):
+        raise SystemExit(f"colls plan: --algorithm {args.algorithm}: {args.collective} has none of that "
+                         f"name; choose from {names(args.collective)} (a plugin's: load it with --plugin)")
+    return args.algorithm
+
+
+def alpha_beta(cluster: Cluster) -> Machine:
+    """The textbook α, β, γ of `cluster` for a flat algorithm: a message between two nodes (under
+    one leaf) when it has several, over NVLink when one; β per rank's share of the NICs."""
+    if cluster.nodes == 1:
+        return Machine(cluster.intra_latency, 1 / cluster.intra_bandwidth, cluster.gamma)
+    share = cluster.nic_bandwidth * cluster.nics_per_node / cluster.ranks_per_node
+    return Machine(cluster.nic_latency + cluster.switch_latency, 1 / share, cluster.gamma)
+
+
+def declared_cost(collective: str, algorithm: str, nbytes: int, cluster: Cluster) -> float | None:
+    """`algorithm`'s own α-β cost (`colls.algorithm(cost=)`) on `cluster`, or None without one."""
+    cost = lookup(collective, algorithm).cost
+    return None if cost is None else float(cost(cluster.size, nbytes, alpha_beta(cluster)))
 
 
 def cluster_of(args: argparse.Namespace, nodes: int) -> Cluster:
@@ -163,9 +208,13 @@ def plan_command(args: argparse.Namespace) -> int:
     return scale_table(args)
 
 
-def every_algorithm(collective: str, nbytes: int, cluster: Cluster, slowdown=None):
+def every_algorithm(collective: str, nbytes: int, cluster: Cluster, slowdown=None, only: str | None = None):
     """Simulated results of every flat algorithm and (all_reduce, broadcast) every hierarchical
-    composition; hierarchical all_to_all is not simulated (its regrouping needs real buffers)."""
+    composition; hierarchical all_to_all is not simulated (its regrouping needs real buffers).
+    `only`: that algorithm alone."""
+    if only is not None:
+        return [simulate(collective, only, nbytes, cluster.network(), cluster.size, cluster.gamma,
+                         slowdown=slowdown)]
     # the registered "hierarchical" needs levels, so it runs below as each composition across nodes
     flat = [name for name in names(collective) if name != "hierarchical"]
     results = [simulate(collective, name, nbytes, cluster.network(), cluster.size, cluster.gamma,
@@ -190,9 +239,11 @@ def collective_table(args: argparse.Namespace) -> int:
         nbytes = parse_bytes(args.size)
     except ValueError as error:
         raise SystemExit(f"colls plan: -s: {error}") from None
+    only = only_algorithm(args)
     cluster = cluster_of(args, int(args.nodes))
     slow = slowdown(args, cluster.size)
-    simulated = every_algorithm(args.collective, nbytes, cluster, slow)
+    simulated = every_algorithm(args.collective, nbytes, cluster, slow, only)
+    declared = None if only is None else declared_cost(args.collective, only, nbytes, cluster)
     modelled = nccl_rows(args.collective, nbytes, cluster, slow)
     rows = [(r.algorithm, r.seconds, r.busbw, "sim", r.bytes_sent, r.messages, r.wall_seconds)
             for r in simulated]
@@ -202,6 +253,7 @@ def collective_table(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"collective": args.collective, "nbytes": nbytes, "cluster": cluster.describe(),
                           "units": SIZE_CONVENTION, "slow": slow,
+                          **({} if declared is None else {"declared": {"name": only, "time_s": declared}}),
                           "algorithms": [{"name": name, "time_s": seconds, "busbw_GBps": busbw,
                                           "source": source} for name, seconds, busbw, source, *_ in rows]},
                          indent=1))
@@ -216,6 +268,11 @@ def collective_table(args: argparse.Namespace) -> int:
         print(f"{name:<32}{_time(seconds):>12}{busbw:>12.1f}{sent_text}"
               f"{messages if messages is not None else '-':>10}"
               f"{f'{wall:.1f}' if wall is not None else '-':>8}  {source}")
+    if declared is not None:
+        machine = alpha_beta(cluster)
+        print(f"# {only}'s declared alpha-beta cost: {_time(declared)} (alpha {machine.alpha * 1e6:.2f} us, "
+              f"beta 1/({1 / machine.beta / GB:.1f} GB/s), gamma 1/({1 / machine.gamma / GB:.0f} GB/s); "
+              f"simulated: {_time(simulated[0].seconds)})")
     return 0
 
 
@@ -231,12 +288,16 @@ def scale_table(args: argparse.Namespace) -> int:
     """Predicted time of every algorithm at each cluster size."""
     nbytes = parse_bytes(args.size)
     nodes = [int(n) for n in str(args.nodes).split(",")]
+    only = only_algorithm(args)
     rows: dict[str, list[float]] = {}
     for count in nodes:
         cluster = cluster_of(args, count)
         slow = slowdown(args, cluster.size)
-        for result in every_algorithm(args.collective, nbytes, cluster, slow):
+        for result in every_algorithm(args.collective, nbytes, cluster, slow, only):
             rows.setdefault(result.algorithm, []).append(result.seconds)
+        declared = None if only is None else declared_cost(args.collective, only, nbytes, cluster)
+        if declared is not None:
+            rows.setdefault(f"{only} (alpha-beta)", []).append(declared)
         for estimate in nccl_rows(args.collective, nbytes, cluster, slow):
             rows.setdefault(f"nccl/{estimate.algorithm}", []).append(estimate.seconds)
     base = cluster_of(args, nodes[0])
