@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 
 from transports.errors import CollsError, InvalidArgument
 
@@ -15,6 +16,7 @@ from .describe import seconds
 TRANSPORTS = ("local", "shm", "mpi", "cuda_ipc")
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 _world: Communicator | None = None
+_init_lock = threading.Lock()
 
 
 def under_mpiexec() -> bool:
@@ -36,23 +38,24 @@ def init(transport: str | None = None, timeout: float | None = None) -> Communic
     kind = (transport or "").lower() or config.get("COLLS_TRANSPORT")
     if kind is not None and kind not in TRANSPORTS:
         raise InvalidArgument(f"transport={kind!r}: choose one of {TRANSPORTS}")
-    if _world is not None and not _world.closed:
-        if transport is not None and transport.lower() != _world.transport.name:
-            raise InvalidArgument(f"colls.init(transport={transport!r}): this process already has a "
-                                  f"world communicator over {_world.transport.name}")
+    with _init_lock:   # two threads calling it at once get the one world
+        if _world is not None and not _world.closed:
+            if transport is not None and transport.lower() != _world.transport.name:
+                raise InvalidArgument(f"colls.init(transport={transport!r}): this process already has a "
+                                      f"world communicator over {_world.transport.name}")
+            return _world
+        if config.is_set("COLLS_RANK") and not under_mpiexec():
+            _world = _from_launcher(kind or "shm", config.get("COLLS_RANK"), config.get("COLLS_WORLD_SIZE"),
+                                    timeout)
+        elif under_mpiexec():
+            _world = _from_mpiexec(kind or "mpi", timeout)
+        else:
+            _world = _singleton(kind or "local", timeout)
+        if _world.size > 1:
+            _world.discover_hosts()   # ranks spread over hosts run all_reduce & co. hierarchically
+            _abort_on_uncaught(_world)
+        atexit.register(_world.close)
         return _world
-    if config.is_set("COLLS_RANK") and not under_mpiexec():
-        _world = _from_launcher(kind or "shm", config.get("COLLS_RANK"), config.get("COLLS_WORLD_SIZE"),
-                                timeout)
-    elif under_mpiexec():
-        _world = _from_mpiexec(kind or "mpi", timeout)
-    else:
-        _world = _singleton(kind or "local", timeout)
-    if _world.size > 1:
-        _world.discover_hosts()   # ranks spread over hosts run all_reduce & co. hierarchically
-        _abort_on_uncaught(_world)
-    atexit.register(_world.close)
-    return _world
 
 
 def _abort_on_uncaught(world: Communicator) -> None:

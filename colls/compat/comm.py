@@ -39,6 +39,7 @@ _HW_RESOURCE, _SHARED_MEMORY = "mpi_hw_resource_type", "mpi_shared_memory"
 
 _bound = threading.local()
 _process_self: Communicator | None = None
+_self_lock = threading.Lock()
 _table = HandleTable()
 
 
@@ -455,10 +456,11 @@ class _Self(Intracomm):
         bound = getattr(_bound, "self", None)
         if bound is not None:
             return bound
-        if _process_self is None:
-            from transports.local import LocalWorld
+        with _self_lock:   # two threads asking at once get the one COMM_SELF
+            if _process_self is None:
+                from transports.local import LocalWorld
 
-            _process_self = Communicator(LocalWorld(1).transport(0), name="self")
+                _process_self = Communicator(LocalWorld(1).transport(0), name="self")
         return _process_self
 
     def _kind(self) -> type:
