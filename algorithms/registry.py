@@ -11,6 +11,7 @@ it lacks is looked up.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,7 +61,9 @@ class Algorithm:
 
 
 CATALOGUE: dict[str, dict[str, Algorithm]] = {}
-_entry_points_loaded = False
+_entry_points_loaded = False        # set once every entry point has been imported
+_entry_points_lock = threading.RLock()   # threads of one process (local ranks) wait for the first
+_entry_points_loading = False       # a plugin listing the catalogue as it loads does not recurse
 
 
 def register(collective: str, name: str, summary: str, *, commutative_only: bool = False,
@@ -152,21 +155,27 @@ def load_entry_points() -> list[str]:
     Raises:
         InvalidArgument: an entry point fails to import, naming it and its package.
     """
-    global _entry_points_loaded
+    global _entry_points_loaded, _entry_points_loading
     if _entry_points_loaded:
         return []
-    _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    loaded = []
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+    with _entry_points_lock:
+        if _entry_points_loaded or _entry_points_loading:
+            return []
+        _entry_points_loading = True
         try:
-            point.load()
-        except Exception as error:
-            raise InvalidArgument(f"entry point {point.name} = {point.value} ({ENTRY_POINT_GROUP}) "
-                                  f"failed to load: {error!r}") from error
-        loaded.append(point.name)
-    return loaded
+            from importlib.metadata import entry_points
+
+            loaded = []
+            for point in entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    point.load()
+                except Exception as error:
+                    raise InvalidArgument(f"entry point {point.name} = {point.value} ({ENTRY_POINT_GROUP}) "
+                                          f"failed to load: {error!r}") from error
+                loaded.append(point.name)
+        finally:
+            _entry_points_loaded, _entry_points_loading = True, False
+        return loaded
 
 
 def names(collective: str) -> list[str]:
