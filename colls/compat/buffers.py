@@ -239,6 +239,9 @@ def simple(msg: object, writable: bool, blocks: int = 0) -> Message:
         raise ValueError(f"message: negative displacement {displ}")
     if buf is BOTTOM and count is None:
         raise ValueError("message: a count is needed with MPI.BOTTOM")
+    if displ > 0 and buf is not BOTTOM and displ * datatype.extent > raw.size:
+        raise ValueError(f"message: displacement {displ} out of bounds, the buffer holds "
+                         f"{raw.size // max(datatype.extent, 1)} elements")
     if count is None:
         total = _elements(raw, datatype, displ)
         if blocks > 1 and total % blocks:

@@ -164,11 +164,16 @@ def cuda_array(obj: object) -> np.ndarray:
 
 
 def address_of(obj: object) -> int:
-    """The address of the first byte of a buffer, DLPack or `__cuda_array_interface__` object.
+    """The address of the first byte of a buffer, DLPack or `__cuda_array_interface__` object
+    (0 for None and MPI.BOTTOM).
 
     Raises:
         TypeError: `obj` exposes no memory.
     """
+    from .buffers import BOTTOM
+
+    if obj is None or obj is BOTTOM:   # MPI_BOTTOM is address 0
+        return 0
     if hasattr(obj, "__cuda_array_interface__"):
         return int(obj.__cuda_array_interface__["data"][0])   # type: ignore[attr-defined]
     if isinstance(obj, np.ndarray):
