@@ -214,3 +214,58 @@ def test_objects_from_threads() -> None:
     # processes: on thread ranks (local) MPI.COMM_WORLD is bound per thread, so a thread a rank
     # starts would see a world of its own
     assert spawn(objects_from_threads, 2, transport="shm", timeout=60) == ["ok"] * 2
+
+
+def posted_object_receives() -> str:
+    """irecv posts a real receive, as mpi4py does: a synchronous send to this rank completes on it;
+    the buffers of an object never match a user receive (ANY_TAG included); receives waited in the
+    reverse order of posting get their own objects; a pickle larger than irecv's buffer is MPI's
+    truncation error and leaves the communicator usable."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    request = comm.irecv()
+    comm.ssend({"a": big_array(rank)}, dest=rank, tag=3)
+    got = request.wait()
+    np.testing.assert_array_equal(got["a"], big_array(rank))
+    send = comm.issend("sync", dest=rank, tag=4)
+    assert not send.Test() and send   # not matched yet: a synchronous send waits for its receive
+    assert comm.recv(source=rank, tag=4) == "sync"
+    send.wait()
+    # an object's buffers go on colls' own tags: an ANY_TAG receive matches only the next header
+    first, second = comm.irecv(source=left, tag=6), comm.irecv(source=left, tag=6)
+    sends = [comm.isend({"n": n, "a": big_array(n)}, right, tag=6) for n in range(2)]
+    sends.append(comm.isend("after", right, tag=7))
+    status = MPI.Status()
+    assert comm.recv(source=left, tag=MPI.ANY_TAG, status=status) == "after" and status.tag == 7
+    assert not comm.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)   # the arrays' frames are there, unseen
+    for n, request in ((1, second), (0, first)):   # waited for in reverse order
+        got = request.wait()
+        assert got["n"] == n
+        np.testing.assert_array_equal(got["a"], big_array(n))
+    MPI.Request.waitall(sends)
+    comm.barrier()
+    small = comm.irecv(8, source=left, tag=8)
+    comm.send("a pickle longer than 8 bytes", right, tag=8)
+    with pytest.raises(MPI.Exception) as raised:
+        small.wait()
+    assert raised.value.Get_error_class() == MPI.ERR_TRUNCATE
+    assert comm.sendrecv(rank, right, 9, None, left, 9) == left
+    comm.barrier()
+    return "ok"
+
+
+@pytest.mark.parametrize("transport", ["local", "shm"])
+def test_posted_object_receives(transport: str) -> None:
+    assert spawn(posted_object_receives, 2, transport=transport, timeout=60) == ["ok"] * 2
+
+
+def test_request_subclass() -> None:
+    class MyRequest(MPI.Request):
+        def __new__(cls, request=None):
+            return super().__new__(cls, request)
+
+        def test(self):   # mpi4py's test_subclass: Test() must not call an overridden test()
+            return super().Test()
+    request = MyRequest(MPI.REQUEST_NULL)
+    assert isinstance(request, MPI.Request) and not request and request.test()

@@ -251,12 +251,12 @@ class _ObjectReceive:
                 self._claim_by(self._comm._comm.timeout)
             if not self._rest_posted and self._error is None:
                 try:
-                    self._header.wait()
+                    _wait_advancing(self._comm, self._header)
                 except MessageTruncated:
                     pass   # recorded by _post_rest
             self._header_came()
             for work in self._works:
-                work.wait()
+                _wait_advancing(self._comm, work)
             self._finish()
         return self._object
 
@@ -324,18 +324,39 @@ def _receive_space(buf: Any) -> np.ndarray:
 class _Sends:
     """The sends of one object's frames: complete when all are."""
 
-    def __init__(self, works: list[Any]) -> None:
+    def __init__(self, comm: Any, works: list[Any]) -> None:
+        self._comm = comm
         self._works = works
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
 
     def poll(self) -> bool:
+        with _lock(self._comm, "recv"):
+            _advance(self._comm)
         return all([Request(work)._poll() for work in self._works])
 
     def wait(self) -> None:
         for work in self._works:
-            work.wait()
+            _wait_advancing(self._comm, work)
+
+
+_ADVANCE_EVERY_S = 1e-3
+
+
+def _wait_advancing(comm: Any, work: Any) -> Any:
+    """`work.wait()`, posting meanwhile the buffers' receives of `comm`'s object receives whose
+    first frames come (the peer's send of them, or this rank's to itself, may be what `work`
+    waits behind)."""
+    deadline = time.monotonic() + comm._comm.timeout
+    while True:
+        with _lock(comm, "recv"):
+            _advance(comm)
+        try:
+            return work.wait(timeout=_ADVANCE_EVERY_S)
+        except CollectiveTimeout:
+            if work.is_completed() or time.monotonic() >= deadline:
+                raise
 
 
 def _fold(op: Any, values: Sequence[Any]) -> Any:
@@ -390,7 +411,7 @@ class ObjectMethods:
         with _lock(self, "send"):   # one object's buffers follow its first frame at (dest, tag)
             works = [send(parts[0], dest, tag, async_op=True, synchronous=synchronous)]
             works += [send(part, dest, tag + RESERVED_TAG_BASE, async_op=True) for part in parts[1:]]
-        return Request(works[0] if len(works) == 1 else _Sends(works))
+        return Request(works[0] if len(works) == 1 else _Sends(self, works))
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Send a picklable object to `dest` (blocking until its buffers may be reused)."""
