@@ -44,7 +44,7 @@ def load(spec: str) -> ModuleType:
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise ValueError(f"--plugin {spec}: no file {path}")
+            raise ValueError(f"plugin {spec}: no file {path}")
         name = f"colls_plugin_{path.stem}"
         module = sys.modules.get(name)
         if module is None:
@@ -60,11 +60,11 @@ def load(spec: str) -> ModuleType:
         try:
             module = importlib.import_module(target)
         except ImportError as error:
-            raise ValueError(f"--plugin {spec}: {error}") from None
+            raise ValueError(f"plugin {spec}: {error}") from None
     if argument:
         setup = getattr(module, "setup", None)
         if setup is None:
-            raise ValueError(f"--plugin {spec}: {target} has no setup(argument) to take {argument!r}")
+            raise ValueError(f"plugin {spec}: {target} has no setup(argument) to take {argument!r}")
         setup(argument)
     return module
 

@@ -243,3 +243,11 @@ def test_the_tutorial_benchmark(tmp_path) -> None:
     assert [r["algorithm"] for r in records] == ["binary_tree"] * 3
     assert all(r["wrong"] == 0 and "time_median_s" in r["baselines"]["auto"]
                and "time_median_s" in r["baselines"]["mpi"] for r in records)
+
+
+def test_colls_plugins_that_cannot_load_fails_the_communicator_naming_it(monkeypatch) -> None:
+    from colls.selection import Selector
+
+    monkeypatch.setenv("COLLS_PLUGINS", "no_such_colls_plugin")
+    with pytest.raises(colls.InvalidArgument, match="COLLS_PLUGINS: plugin no_such_colls_plugin"):
+        Selector("local", 2)
