@@ -251,3 +251,16 @@ def test_colls_plugins_that_cannot_load_fails_the_communicator_naming_it(monkeyp
     monkeypatch.setenv("COLLS_PLUGINS", "no_such_colls_plugin")
     with pytest.raises(colls.InvalidArgument, match="COLLS_PLUGINS: plugin no_such_colls_plugin"):
         Selector("local", 2)
+
+
+def test_the_fuzzer_gives_non_commutative_ops_only_to_plugins_keeping_rank_order(restored_catalogue) -> None:
+    from colls.fuzz.program import Space
+
+    def schedule(channel, buf, op):
+        pass
+
+    colls.algorithm("all_reduce", "ordered_plugin", summary="s", keeps_rank_order=True)(schedule)
+    colls.algorithm("all_reduce", "unordered_plugin", summary="s")(schedule)
+    space = Space(algorithms=("ordered_plugin", "unordered_plugin"))
+    assert space.choices("all_reduce", commutative=False) == ["ordered_plugin"]
+    assert space.choices("all_reduce", commutative=True) == ["ordered_plugin", "unordered_plugin"]
