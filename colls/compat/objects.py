@@ -34,6 +34,7 @@ from transports.base import RESERVED_TAG_BASE, Backoff
 from transports.errors import CollectiveTimeout, MessageTruncated
 
 from . import ops
+from .errors import MPIException
 from .memory import buffer
 from .request import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, Status, truncated
 
@@ -225,7 +226,10 @@ class _ObjectReceive:
         receives of every first frame that has, in posting order."""
         if not self._rest_posted and self._error is None:
             if not self._header.is_completed():
-                Request(self._header)._poll()
+                try:
+                    Request(self._header)._poll()
+                except MPIException:
+                    pass   # truncated: recorded by _post_rest
             with _lock(self._comm, "recv"):
                 _advance(self._comm)
         if self._error is not None:

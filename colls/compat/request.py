@@ -205,6 +205,8 @@ class Request:
                 work.wait(timeout=0)
             except CollectiveTimeout:
                 return False
+            except MessageTruncated as error:
+                raise truncated(error) from error
             return True
         return False
 
