@@ -116,7 +116,6 @@ def test_reduce_local_and_op_create() -> None:
 @pytest.mark.parametrize(("call", "feature"), [
     (lambda: MPI.Win.Create(np.zeros(1)), "one-sided"),
     (lambda: MPI.File.Open(MPI.COMM_SELF, "x"), "MPI I/O"),
-    (lambda: MPI.COMM_SELF.Create_intercomm(0, MPI.COMM_SELF, 0), "inter-communicators"),
     (lambda: MPI.Intercomm.Create_from_groups(MPI.GROUP_EMPTY, 0, MPI.GROUP_EMPTY, 0),
      "inter-communicators"),
     (lambda: MPI.COMM_SELF.Spawn("python", maxprocs=1), "dynamic processes"),

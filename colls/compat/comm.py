@@ -192,6 +192,10 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
         handle = _table.handle(number)
         if cls in (Comm, Intracomm) and handle is not None and handle.topology is not None:
             return handle.topology.comm_class()._wrap(handle)
+        if cls in (Comm, Intracomm) and getattr(getattr(handle, "communicator", None), "is_inter", False):
+            from .intercomm import Intercomm
+
+            return Intercomm._wrap(handle)
         return cls._wrap(handle)
 
     f2py = fromhandle = fromint
@@ -421,7 +425,27 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
 
 
 class Intracomm(Comm):
-    """An intra-communicator: every communicator of the facade."""
+    """An intra-communicator (an inter-communicator is an `MPI.Intercomm`)."""
+
+    @classmethod
+    def _check_kind(cls, handle: _Handle | None) -> None:
+        if handle is not None and getattr(handle.communicator, "is_inter", False):
+            raise TypeError(f"{cls.__name__}: the communicator is an inter-communicator")
+
+    def Create_intercomm(self, local_leader: int, peer_comm: Comm, remote_leader: int,
+                         tag: int = 0) -> Comm:
+        """An inter-communicator between this group and another (collective over both): the
+        leaders (`local_leader` here, `remote_leader` its rank in `peer_comm`) swap their groups
+        over `peer_comm` with `tag`. Supported where the two groups together are all of
+        `peer_comm`'s processes (colls makes the inter-communicator by splitting it).
+
+        Raises:
+            MPIException: the two groups share processes.
+            NotImplementedError: the two groups leave out some of `peer_comm`'s processes.
+        """
+        from .intercomm import create_intercomm
+
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
 
 class _World(Intracomm):

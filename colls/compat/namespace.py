@@ -58,7 +58,6 @@ COMM_METHODS = {
         "Ack_failed Agree Iagree Get_failed Is_revoked Revoke Shrink Ishrink",
     "dynamic processes (Comm.Spawn, Accept, Connect, Join, Disconnect)":
         "Accept Connect Disconnect Join Spawn Spawn_multiple",
-    "inter-communicators (Comm.Create_intercomm)": "Create_intercomm",
 }
 INTERCOMM_METHODS = "Create_from_groups Get_remote_group Get_remote_size Merge remote_group remote_size"
 

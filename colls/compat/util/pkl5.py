@@ -221,4 +221,4 @@ class Intracomm(Comm, MPI.Intracomm):
 
 
 class Intercomm(Comm, MPI.Intercomm):
-    """Inter-communicators are not supported by the colls facade (constructing one says so)."""
+    """An inter-communicator with pkl5's lowercase methods (`Intercomm(intercomm)`)."""
