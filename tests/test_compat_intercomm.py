@@ -3,11 +3,13 @@
 `program` splits the world into a low and a high half, joins them by an inter-communicator and runs
 what scripts do with one: point-to-point to remote ranks (statuses and probes name remote ranks),
 barriers, the rooted object collectives with MPI.ROOT / MPI.PROC_NULL, allgather, alltoall,
-reductions, Merge, Dup, Split, Free. It checks each result against values computed from world
-ranks, and returns them; under `mpiexec` each rank also runs it with the real mpi4py (MPICH) and
-compares (shm and mpi transports). Thread ranks run it too, and the errors: groups that share
-processes, groups that are not all of peer_comm's processes (NotImplementedError, as documented),
-buffer collectives (NotImplementedError naming inter-communicators), ranks outside the remote group.
+reductions, Merge, Dup, Split, Free; `buffer_program` the blocking buffer collectives (Bcast,
+Gather, Scatter, Allgather with blocks of another size each way, Alltoall, Allreduce). Both check
+each result against values computed from world ranks, and return them; under `mpiexec` each rank
+also runs them with the real mpi4py (MPICH) and compares (shm and mpi transports). Thread ranks run
+them too, and the errors: groups that share processes, groups that are not all of peer_comm's
+processes (NotImplementedError, as documented), Reduce and the I... forms (NotImplementedError
+naming inter-communicators), ranks outside the remote group.
 """
 
 from __future__ import annotations
@@ -93,12 +95,59 @@ def program(MPI, world) -> list[tuple]:   # noqa: N803 - the MPI module under te
     return out
 
 
+def buffer_program(MPI, world) -> list[tuple]:   # noqa: N803 - the MPI module under test
+    """The blocking buffer collectives over an inter-communicator, checked and returned."""
+    rank, size = world.Get_rank(), world.Get_size()
+    half = size // 2
+    color = 0 if rank < half else 1
+    theirs = list(range(half, size)) if color == 0 else list(range(half))
+    local = world.Split(color, key=rank)
+    inter = MPI.Intracomm.Create_intercomm(local, 0, world, half if color == 0 else 0)
+    lr, rs = inter.Get_rank(), inter.Get_remote_size()
+    out: list[tuple] = []
+    for side in (0, 1):
+        if color == side:
+            root = MPI.ROOT if lr == 0 else MPI.PROC_NULL
+            inter.Bcast([np.arange(4, dtype="i") + 100 * rank, MPI.INT] if lr == 0 else None, root=root)
+            gathered = np.zeros(2 * rs) if lr == 0 else None
+            inter.Gather(None, [gathered, MPI.DOUBLE] if lr == 0 else None, root=root)
+            sent = np.arange(3 * rs, dtype="i") + rank
+            inter.Scatter([sent, MPI.INT] if lr == 0 else None, None, root=root)
+            if lr == 0:
+                assert gathered.tolist() == [r + 0.5 for r in theirs for _ in range(2)]
+                out.append(("Gather", gathered.tolist()))
+        else:
+            got, part = np.zeros(4, "i"), np.zeros(3, "i")
+            inter.Bcast(got, root=0)
+            inter.Gather(np.full(2, rank + 0.5), None, root=0)
+            inter.Scatter(None, part, root=0)
+            assert got.tolist() == [100 * theirs[0] + i for i in range(4)]
+            assert part.tolist() == [theirs[0] + 3 * lr + i for i in range(3)]
+            out.append(("Bcast, Scatter", got.tolist(), part.tolist()))
+    gathered = np.zeros(rs * (1 + color), "i")   # the low half sends 2 items, the high half 1
+    inter.Allgather(np.full(2 - color, rank, "i"), gathered)
+    assert gathered.tolist() == [r for r in theirs for _ in range(1 + color)]
+    exchanged = np.zeros(rs, "l")
+    inter.Alltoall(np.array([10 * rank + i for i in range(rs)], "l"), exchanged)
+    assert exchanged.tolist() == [10 * r + lr for r in theirs]
+    total, highest = np.zeros(3), np.zeros(2, "i")
+    inter.Allreduce(np.array([rank, -rank, 1.5]), total, op=MPI.SUM)
+    inter.Allreduce(np.array([rank, -rank], "i"), highest, op=MPI.MAX)
+    assert total.tolist() == [sum(theirs), -sum(theirs), 1.5 * len(theirs)]
+    assert highest.tolist() == [max(theirs), -min(theirs)]
+    out.append(("all", gathered.tolist(), exchanged.tolist(), total.tolist(), highest.tolist()))
+    inter.Free()
+    local.Free()
+    return out
+
+
 def thread_checks() -> None:
     """`program`, then the errors, on one thread rank."""
     from colls.compat import MPI
 
     world = MPI.COMM_WORLD
     program(MPI, world)
+    buffer_program(MPI, world)
     rank = world.Get_rank()
     with pytest.raises(MPI.Exception, match="disjoint"):   # both groups are this process
         MPI.COMM_SELF.Create_intercomm(0, MPI.COMM_SELF, 0)
@@ -109,7 +158,9 @@ def thread_checks() -> None:
     local = world.Split(rank % 2, rank)
     inter = local.Create_intercomm(0, world, 1 - rank % 2, tag=3)
     with pytest.raises(NotImplementedError, match="inter-communicators"):
-        inter.Bcast(np.zeros(2), root=0)
+        inter.Reduce(np.zeros(2), None, root=0)
+    with pytest.raises(NotImplementedError, match="inter-communicators"):
+        inter.Ibcast(np.zeros(2), root=0)
     with pytest.raises(Exception, match="remote group"):
         inter.send(1, inter.Get_remote_size())
     with pytest.raises(TypeError):
@@ -130,7 +181,7 @@ def test_intercomm_on_thread_ranks(size: int) -> None:
     else:
         from colls.compat import MPI
 
-        spawn(lambda: program(MPI, MPI.COMM_WORLD), 2, timeout=30)
+        spawn(lambda: (program(MPI, MPI.COMM_WORLD), buffer_program(MPI, MPI.COMM_WORLD)), 2, timeout=30)
 
 
 def compare() -> str:
@@ -139,7 +190,8 @@ def compare() -> str:
 
     from colls.compat import MPI as facade
 
-    expected, got = program(real, real.COMM_WORLD), program(facade, facade.COMM_WORLD)
+    expected = program(real, real.COMM_WORLD) + buffer_program(real, real.COMM_WORLD)
+    got = program(facade, facade.COMM_WORLD) + buffer_program(facade, facade.COMM_WORLD)
     return "same" if expected == got else f"differ: mpi4py {expected} facade {got}"
 
 

@@ -7,9 +7,10 @@ collectives with MPI's rules for inter-communicators (in a rooted one the root p
 rest of its group MPI.PROC_NULL, and the other group the root's rank in it; the data goes from one
 group to the other), `Merge`, `Dup`, `Split` and `Free`. They run as colls' object collectives over
 the union (a rooted one first finds the root's place in it with one small all-reduce, since the
-MPI.PROC_NULL ranks do not know it). Buffer collectives, and `Create_from_groups`, raise
-NotImplementedError naming the feature; `Comm.Get_parent()` is the null Intercomm (colls spawns no
-processes).
+MPI.PROC_NULL ranks do not know it). The blocking Bcast, Gather, Scatter, Allgather, Alltoall and
+Allreduce come from `interblocks`; the other buffer collectives, the `I...` forms and
+`Create_from_groups` raise NotImplementedError naming inter-communicators; `Comm.Get_parent()` is
+the null Intercomm (colls spawns no processes).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .comm import Comm, Intracomm, _Handle
 from .errors import ERROR_CLASSES, MPIException
 from .group import Group, group_of
 from .info import info_of
+from .interblocks import InterBlockCollectives
 from .intergroup import RemoteView, create
 from .objects import _fold, _lock
 from .request import PROC_NULL
@@ -36,7 +38,7 @@ def _is_inter(handle: _Handle | None) -> bool:
     return handle is not None and isinstance(handle.communicator, RemoteView)
 
 
-class Intercomm(Comm):
+class Intercomm(InterBlockCollectives, Comm):
     """An inter-communicator: a local and a remote group (made by `Intracomm.Create_intercomm`)."""
 
     @classmethod
@@ -133,9 +135,10 @@ class Intercomm(Comm):
                                          f"a remote rank)")
         return int(root)
 
-    def _union_root(self, root: int) -> int:
-        """The union rank of a rooted collective's root, found with one small all-reduce over both
-        groups (the MPI.PROC_NULL ranks do not know it); every rank checks the same maxima.
+    def _union_root(self, root: int, width: int = -1) -> tuple[int, int]:
+        """(the union rank of a rooted collective's root, the largest `width` given), found with one
+        small all-reduce over both groups (the MPI.PROC_NULL ranks know neither); every rank checks
+        the same maxima.
 
         Raises:
             MPIException: no rank or several passed MPI.ROOT, or the other group named another.
@@ -146,19 +149,19 @@ class Intercomm(Comm):
         mine = union.rank if root == ROOT else -1
         claim = view.remote_offset + root if root >= 0 else -1
         found = union.all_reduce(np.array([mine, -mine if mine >= 0 else lowest,
-                                           claim, -claim if claim >= 0 else lowest], np.int64), "max")
+                                           claim, -claim if claim >= 0 else lowest, width], np.int64), "max")
         where = int(found[0])
         if where < 0 or -found[1] != where or found[2] != where or -found[3] != where:
             raise MPIException(ERR_ROOT, "MPI_ERR_ROOT: one rank of the root's group must pass MPI.ROOT (the "
                                          "others MPI.PROC_NULL) and every rank of the other group the "
                                          "root's rank in that group")
-        return where
+        return where, int(found[4])
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """The root's object on every rank of the other group; None on the root's group."""
         root = self._root(root)
         with _lock(self, "bcast"):
-            where = self._union_root(root)
+            where, _ = self._union_root(root)
             received = self._view.union.broadcast_object(obj if root == ROOT else None, where,
                                                          pickler=self._pickler())
         return received if root >= 0 else None
@@ -167,7 +170,7 @@ class Intercomm(Comm):
         """The other group's objects, in rank order, on the root (None elsewhere)."""
         root = self._root(root)
         with _lock(self, "gather"):
-            where = self._union_root(root)
+            where, _ = self._union_root(root)
             values = self._view.union.gather_object(sendobj if root >= 0 else None, where,
                                                     pickler=self._pickler())
         return self._view.remote_slice(values) if root == ROOT else None
@@ -188,7 +191,7 @@ class Intercomm(Comm):
                                  f"group has {view.remote_size} ranks")
             items = view.spread(items)
         with _lock(self, "scatter"):
-            where = self._union_root(root)
+            where, _ = self._union_root(root)
             received = view.union.scatter_object(items, where, pickler=self._pickler())
         return received if root >= 0 else None
 
@@ -234,10 +237,10 @@ def create_intercomm(local: Comm, local_leader: int, peer: Comm, remote_leader: 
 
 
 _BUFFER_COLLECTIVES = (
-    "Bcast Gather Gatherv Scatter Scatterv Allgather Allgatherv Alltoall Alltoallv Alltoallw Reduce "
-    "Allreduce Reduce_scatter Reduce_scatter_block Ibarrier Ibcast Igather Igatherv Iscatter Iscatterv "
-    "Iallgather Iallgatherv Ialltoall Ialltoallv Ialltoallw Ireduce Iallreduce Ireduce_scatter "
-    "Ireduce_scatter_block Split_type Create Create_group scan exscan ibarrier"
+    "Gatherv Scatterv Allgatherv Alltoallv Alltoallw Reduce Reduce_scatter Reduce_scatter_block Ibarrier "
+    "Ibcast Igather Igatherv Iscatter Iscatterv Iallgather Iallgatherv Ialltoall Ialltoallv Ialltoallw "
+    "Ireduce Iallreduce Ireduce_scatter Ireduce_scatter_block Split_type Create Create_group scan exscan "
+    "ibarrier"
 )
 
 
