@@ -12,6 +12,8 @@ import platform
 import sys
 from collections.abc import Iterable, Iterator
 
+from colls import config
+
 from .errors import ERR_ARG, ERR_INFO, ERR_INFO_NOKEY, MPIException
 from .handles import HandleTable
 
@@ -256,7 +258,7 @@ def _environment(args: object = None) -> dict[str, str]:
     argv = sys.argv if args is None else ([args] if isinstance(args, str) else list(args))  # type: ignore
     thread_level = "MPI_THREAD_MULTIPLE"
     return {"command": argv[0] if argv else sys.executable, "argv": " ".join(argv[1:]),
-            "maxprocs": os.environ.get("COLLS_WORLD_SIZE", "1"), "soft": "", "host": platform.node(),
+            "maxprocs": str(config.get("COLLS_WORLD_SIZE") or 1), "soft": "", "host": platform.node(),
             "arch": platform.machine(), "wdir": os.getcwd(), "file": "", "thread_level": thread_level}
 
 
