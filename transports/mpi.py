@@ -215,9 +215,9 @@ class MpiTransport(Transport):
         self.closed = False
 
     def _route(self, tag: int):
+        if tag >= COLLECTIVE_TAG_BASE:
+            return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
         if tag >= RESERVED_TAG_BASE:
-            if tag >= COLLECTIVE_TAG_BASE:
-                return self.collective_comm, (tag - COLLECTIVE_TAG_BASE) % self.tag_limit
             if tag - RESERVED_TAG_BASE >= self.tag_limit:
                 raise ValueError(f"rank {self.rank}: reserved tag {tag} is past MPI's range: at most "
                                  f"RESERVED_TAG_BASE + {self.tag_limit - 1} (MPI_TAG_UB)")
