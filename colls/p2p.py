@@ -59,8 +59,7 @@ class PointToPoint:
                 until `wait()` returns.
             timeout: seconds the send may wait; the communicator's timeout by default.
             synchronous: complete only once `dst` has matched the message to a receive (MPI_Ssend,
-                with `async_op` MPI_Issend); a probe that only looks at it does not, `improbe`
-                claiming it does.
+                with `async_op` MPI_Issend); a probe does not, nor `improbe` until its `mrecv`.
 
         Returns:
             None, or with `async_op=True` a handle whose `wait()` returns None.

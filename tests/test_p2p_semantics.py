@@ -440,7 +440,8 @@ def _still_pending(transport, requests) -> None:
 
 def check_synchronous_sends(comm) -> None:
     """Synchronous sends of 8 B, over 1 MiB and 0 B complete only once rank 0 posts their receives
-    (not when it probes them, nor when it receives a later message first); one to self."""
+    (not when it probes them or claims one for mrecv, nor when it receives a later message first);
+    one to self."""
     t = comm.transport
     sizes = {11: 8, 12: BIG, 13: 0, 15: 8}
     if comm.rank == 0:
@@ -451,9 +452,9 @@ def check_synchronous_sends(comm) -> None:
         for tag in (11, 12):
             found = _poll(t.iprobe, 1, tag)
             assert (found.tag, found.nbytes) == (tag, sizes[tag])
+        claimed = _poll(t.improbe, 1, 13)   # (its send completes at the mrecv, as in MPICH)
         comm.barrier(timeout=STEP_S)
         comm.barrier(timeout=STEP_S)   # rank 1 has seen its sends pending
-        claimed = _poll(t.improbe, 1, 13)
         requests = [(tag, _buffer(sizes[tag] + 8)) for tag in (11, 12, 15)]
         posted = [t.irecv(got, 1, tag) for tag, got in requests] + [t.mrecv(_buffer(8), claimed)]
         _wait(t, posted)

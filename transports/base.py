@@ -132,8 +132,8 @@ class Transport(ABC):
 
     def issend(self, buf: np.ndarray, peer: int, tag: int) -> Request:
         """Post a synchronous send (MPI_Issend): as `isend`, but the request completes only once
-        `peer` has matched the message to a receive (a probe that only looks does not; `improbe`
-        claiming it does).
+        `peer` has matched the message to a receive (a probe does not; a message `improbe` claimed
+        once its `mrecv` is posted, as MPICH does).
 
         Raises:
             NotImplementedError: the transport has no synchronous send (only local, shm and mpi do).

@@ -4,7 +4,7 @@ A send larger than 4 KiB is a rendezvous, not an eager copy: it is parked in the
 and completes only when the receiver has copied (or reduced) straight out of the sender's buffer.
 That is stricter than a buffered transport, so an algorithm that only works because big sends
 complete early fails here too; small sends are copied and complete at once, as MPI's eager ones do.
-A synchronous send (`issend`) is never eager: it completes when a receive (or `improbe`) takes it.
+A synchronous send (`issend`) is never eager: it completes when a receive (or `mrecv`) takes it.
 One lock and condition guard the whole world; with the GIL there is nothing to gain from finer locks.
 Every verb takes it, and a wait releases it while it sleeps, so any number of threads may use one
 rank's transport at once.
@@ -150,10 +150,6 @@ class LocalTransport(Transport):
             if send is None:
                 return None
             self.world.mailbox[self.rank][send.origin].remove(send)
-            if not send.done:   # claimed is matched (MPI): the send completes, its bytes kept here
-                send.data = send.data.copy()
-                send.done = True
-                self.world.cond.notify_all()
             return Envelope(send.origin, send.tag, send.nbytes, send)
 
     def mrecv(self, buf: np.ndarray, message: Envelope) -> Request:

@@ -216,6 +216,9 @@ class Matching:
             raise ValueError(f"rank {self.rank}: mrecv needs a message improbe returned, received once; "
                              f"got {message!r}")
         with self.lock:
+            if stash.synchronous:   # a synchronous send completes once received (as MPICH does)
+                self._flip_matched(stash.peer, stash.synchronous)
+                stash.synchronous = 0
             request = stash.claimant = In(stash.peer, stash.tag, buf, None)
             self._serve_stash(stash.peer)
         return request
@@ -234,9 +237,6 @@ class Matching:
             for stash in self.stashed[peer]:
                 if not stash.claimed and wants(tag, stash.tag):
                     stash.claimed = claim
-                    if claim and stash.synchronous:   # claimed is matched (MPI_Improbe)
-                        self._flip_matched(peer, stash.synchronous)
-                        stash.synchronous = 0
                     return Envelope(peer, stash.tag, stash.size, stash if claim else None)
             tail = self.read_tail[peer]
             fifo = self.inbound[peer]

@@ -4,12 +4,12 @@ The sender numbers its synchronous messages to each peer with ids it reuses (at 
 unmatched at once per peer) and sends them as any other message, but the tag word of the first
 header carries SYNCHRONOUS and the id. Such a header matches no receive as it is, so the direct
 paths leave it to the general one, and the receiver's matching (`matching`) decodes it only where a
-new message found no receive: when a receive wants it, or when `improbe` or a receive takes it
-from where it was taken aside, the receiver flips the id's bit in the FIFO's MATCHED words (its
-cache line, written by the receiver only) and clears the flag in the header; the sender's request
-is done once its bytes are out and that bit differs from what it was when the id was given. A bit
-(not a count) says which message was matched: receives may match messages of different tags out of
-the order they were sent.
+new message found no receive. The flag then leaves the header (kept with the message if it is taken
+aside), and once a receive takes the message (for one `improbe` claimed, its `mrecv`, as MPICH
+does) the receiver flips the id's bit in the FIFO's MATCHED words (a cache line only the receiver
+writes). The sender's request is done once its bytes are out and that bit differs from what it was
+when the id was given. A bit, not a count, says which message was matched: receives may match
+messages of different tags out of the order they were sent.
 """
 
 from __future__ import annotations
