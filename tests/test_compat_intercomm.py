@@ -3,8 +3,9 @@
 `program` splits the world into a low and a high half, joins them by an inter-communicator and runs
 what scripts do with one: point-to-point to remote ranks (statuses and probes name remote ranks),
 barriers, the rooted object collectives with MPI.ROOT / MPI.PROC_NULL, allgather, alltoall,
-reductions, Merge, Dup, Split, Free; `buffer_program` the blocking buffer collectives (Bcast,
-Gather, Scatter, Allgather with blocks of another size each way, Alltoall, Allreduce). Both check
+reductions, Merge, Dup, Split, Free, Create_from_groups; `buffer_program` the blocking buffer
+collectives (Bcast, Gather, Scatter, Allgather with blocks of another size each way, Alltoall,
+Allreduce). Both check
 each result against values computed from world ranks, and return them; under `mpiexec` each rank
 also runs them with the real mpi4py (MPICH) and compares (shm and mpi transports). Thread ranks run
 them too, and the errors: groups that share processes, groups that are not all of peer_comm's
@@ -81,6 +82,9 @@ def program(MPI, world) -> list[tuple]:   # noqa: N803 - the MPI module under te
     dup = inter.Dup()
     assert (dup.Get_remote_size(), MPI.Comm.Compare(dup, inter), dup.allgather(rank)) == (rs, MPI.CONGRUENT,
                                                                                           theirs)
+    joined = MPI.Intercomm.Create_from_groups(inter.Get_group(), 0, inter.Get_remote_group(), 0)
+    assert (MPI.Comm.Compare(joined, inter), joined.allgather(rank)) == (MPI.CONGRUENT, theirs)
+    joined.Free()
     split = inter.Split(lr % 2, -lr)
     same = [r for r in theirs if theirs.index(r) % 2 == lr % 2]
     if split != MPI.COMM_NULL:

@@ -8,9 +8,10 @@ rest of its group MPI.PROC_NULL, and the other group the root's rank in it; the 
 group to the other), `Merge`, `Dup`, `Split` and `Free`. They run as colls' object collectives over
 the union (a rooted one first finds the root's place in it with one small all-reduce, since the
 MPI.PROC_NULL ranks do not know it). The blocking Bcast, Gather, Scatter, Allgather, Alltoall and
-Allreduce come from `interblocks`; the other buffer collectives, the `I...` forms and
-`Create_from_groups` raise NotImplementedError naming inter-communicators; `Comm.Get_parent()` is
-the null Intercomm (colls spawns no processes).
+Allreduce come from `interblocks`; the other buffer collectives and the `I...` forms raise
+NotImplementedError naming inter-communicators. `Create_from_groups` works where the two groups
+are all of COMM_WORLD's processes; `Comm.Get_parent()` is the null Intercomm (colls spawns no
+processes).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import numpy as np
 from . import ops
 from .comm import Comm, Intracomm, _Handle
 from .errors import ERROR_CLASSES, MPIException
-from .group import Group, group_of
+from .group import Group, group_of, my_world_rank
 from .info import info_of
 from .interblocks import InterBlockCollectives
-from .intergroup import RemoteView, create
+from .intergroup import RemoteView, create, join
 from .objects import _fold, _lock
 from .request import PROC_NULL
 
@@ -111,10 +112,24 @@ class Intercomm(InterBlockCollectives, Comm):
         return Intracomm._wrap(_Handle(self._view.merge(high)))
 
     @classmethod
-    def Create_from_groups(cls, *args: object, **kwargs: object) -> Intercomm:
-        """Not supported: inter-communicators from groups (use Intracomm.Create_intercomm)."""
-        raise NotImplementedError("inter-communicators from groups (Intercomm.Create_from_groups) are not "
-                                  "supported by the colls mpi4py facade: use Intracomm.Create_intercomm")
+    def Create_from_groups(cls, local_group: Group, local_leader: int, remote_group: Group,
+                           remote_leader: int, stringtag: str = "org.mpi4py", info: Any = None,
+                           errhandler: Any = None) -> Intercomm:
+        """The inter-communicator between `local_group` (holding this process) and `remote_group`
+        (MPI 4; collective over both): supported where the two groups together are all of
+        MPI.COMM_WORLD's processes (colls splits it).
+
+        Raises:
+            MPIException: this process is not in `local_group`, or the groups share processes.
+            NotImplementedError: the two groups leave out some of COMM_WORLD's processes.
+        """
+        from .comm import COMM_WORLD
+
+        mine, theirs = tuple(local_group._members), tuple(remote_group._members)
+        me = my_world_rank()
+        rank = mine.index(me) if me in mine else -1
+        view = join(COMM_WORLD, mine, theirs, rank, "Intercomm.Create_from_groups", "COMM_WORLD")
+        return cls._wrap(_Handle(view))
 
     # -- collectives -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import numpy as np
 from colls.communicator import Communicator
 from transports.base import ANY_SOURCE, Envelope
 
-from .errors import ERR_ARG, MPIException
+from .errors import ERR_ARG, ERR_GROUP, MPIException
 
 
 class _Shifted:
@@ -214,15 +214,29 @@ def create(local: Any, local_leader: int, peer: Any, remote_leader: int, tag: in
     else:
         theirs = None
     theirs = tuple(local._comm.broadcast_object(theirs, local_leader))
+    return join(peer, mine, theirs, local.Get_rank(), "Create_intercomm", "peer_comm")
+
+
+def join(parent: Any, mine: tuple[int, ...], theirs: tuple[int, ...], rank: int, what: str,
+         name: str) -> RemoteView:
+    """The view of the inter-communicator between the groups of world ranks `mine` (this process
+    is its rank `rank`; -1: not in it) and `theirs`, made by splitting the facade communicator
+    `parent` (collective over it).
+
+    Raises:
+        MPIException: the two groups share processes, or this process is not in `mine`.
+        NotImplementedError: the two groups together are not all of `parent`'s processes.
+    """
     if set(mine) & set(theirs):
-        raise MPIException(ERR_ARG, f"Create_intercomm: the local and remote groups share processes (world "
-                                    f"ranks {sorted(set(mine) & set(theirs))}); they must be disjoint")
-    everyone = peer._members()
-    if sorted(everyone) != sorted(mine + theirs):
-        raise NotImplementedError("inter-communicators (Create_intercomm) whose two groups are not together "
-                                  "all of peer_comm's processes are not supported by the colls mpi4py "
-                                  "facade: pass a peer_comm holding just the two groups (as Split makes)")
+        raise MPIException(ERR_ARG, f"{what}: the local and remote groups share processes (world ranks "
+                                    f"{sorted(set(mine) & set(theirs))}); they must be disjoint")
+    if sorted(parent._members()) != sorted(mine + theirs):
+        raise NotImplementedError(f"inter-communicators ({what}) whose two groups are not together all of "
+                                  f"{name}'s processes are not supported by the colls mpi4py facade (colls "
+                                  f"makes a communicator collectively over its parent)")
+    if rank < 0:
+        raise MPIException(ERR_GROUP, f"{what}: this process is not in the local group")
     first = min(mine) < min(theirs)
     local_offset, remote_offset = (0, len(mine)) if first else (len(theirs), 0)
-    union = peer._comm.split(0, local_offset + local.Get_rank())
+    union = parent._comm.split(0, local_offset + rank)
     return RemoteView(union, local_offset, len(mine), remote_offset, len(theirs))
