@@ -15,6 +15,7 @@ for the next, and aborts it so that its peers do not wait to their deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -479,6 +480,34 @@ def check_synchronous_sends(comm) -> None:
     comm.barrier(timeout=STEP_S)
 
 
+def check_synchronous_sends_race_for_one_receive(comm) -> None:
+    """Ranks 1 and 2 each send synchronously to rank 0's one ANY_SOURCE receive: exactly one send
+    completes (the one matched), the other once rank 0 posts a second receive."""
+    t = comm.transport
+    send = first = None
+    if comm.rank == 0:
+        first = t.irecv(_buffer(8), ANY_SOURCE, 17)
+    elif comm.rank in (1, 2):
+        send = t.issend(_pattern(8, comm.rank), 0, 17)
+    comm.barrier(timeout=STEP_S)   # both sends are posted
+    if first is not None:
+        _wait(t, [first])
+    comm.barrier(timeout=STEP_S)   # rank 0 has matched one of them
+    done = -1
+    if send is not None:
+        with contextlib.suppress(CollectiveTimeout):
+            t.wait_all([send], time.monotonic() + 0.3)
+        done = int(send.done)
+    flags = comm.all_gather(np.array([done], np.int64))
+    assert sorted(flags[1:3].tolist()) == [0, 1], f"completed synchronous sends: {flags.tolist()}"
+    if first is not None:
+        second = t.irecv(_buffer(8), 3 - first.source, 17)
+        _wait(t, [second])
+    elif send is not None:
+        _wait(t, [send])
+    comm.barrier(timeout=STEP_S)
+
+
 # -- the communicator's API ------------------------------------------------------------------------
 
 def check_communicator_api(comm) -> None:
@@ -554,7 +583,7 @@ CHECKS = [check_any_source, check_any_tag, check_any_source_any_tag, check_short
           check_truncation, check_order_receives_posted_first, check_order_messages_sent_first,
           check_any_tag_skips_collectives, check_probes, check_threads_on_one_transport,
           check_two_communicators_at_once, check_communicator_api, check_communicator_threads,
-          check_reserved_tags, check_synchronous_sends]
+          check_reserved_tags, check_synchronous_sends, check_synchronous_sends_race_for_one_receive]
 
 
 def run_checks(world) -> dict[str, str]:

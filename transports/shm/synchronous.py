@@ -110,14 +110,17 @@ class Synchronous:
 
     def _match_synchronous(self, peer: int, flagged: int, message_bytes: int) -> None:
         """A new message from `peer` whose header says its sender waits for the match (`_match`
-        found no receive for the flagged tag): if a receive wants it, tell the sender and clear the
-        flag in the header; else if receives wait behind it, take it aside as `_match` would (the
-        flag kept with the stash, cleared in the header); else leave it. The next pass goes on with
-        it as with any other message: None."""
+        found no receive for the flagged tag): if a receive wants it, clear the flag in the header,
+        make that receive the one the message goes to and tell the sender, in one step (a receive
+        only wanting it could be taken by another peer's message before the next pass); else if
+        receives wait behind it, take it aside as `_match` would (the flag kept with the stash,
+        cleared in the header); else leave it. The next pass goes on with it (`current`) reading
+        the plain header: None."""
         tag = flagged & TAG_MASK
         if first_wanting(self.posted[peer], tag) >= 0 or first_wanting(self.wild, tag) >= 0:
-            self._flip_matched(peer, flagged)
             self._clear_flag(peer, tag)
+            self.current[peer] = self._match(peer, tag, message_bytes)
+            self._flip_matched(peer, flagged)
         elif self.posted[peer] or self.wild:
             self.current[peer] = self._stash(peer, flagged, message_bytes)
             self.active_in.add(peer)
