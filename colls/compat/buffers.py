@@ -61,7 +61,9 @@ def raw_bytes(buf: object, writable: bool) -> tuple[np.ndarray, Datatype | None]
     else:
         raise TypeError(f"message: expecting a buffer, got {type(buf).__name__}")
     if not array.flags.c_contiguous:
-        raise BufferError("message: the buffer is not C-contiguous")
+        if not array.flags.f_contiguous:   # (mpi4py takes either order: the bytes in memory order)
+            raise BufferError("message: the buffer is not contiguous")
+        array = array.T
     if writable and not array.flags.writeable:
         raise BufferError("message: the buffer is read-only")
     datatype = None if array.dtype.fields is not None else for_dtype(array.dtype)
