@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .handles import NumberedHandle
 from .request import ANY_SOURCE
 
 KEYVAL_INVALID = 603979776   # MPICH's MPI_KEYVAL_INVALID
@@ -30,7 +31,7 @@ _next_keyval = itertools.count(1 << 20)
 _lock = threading.Lock()
 
 
-class Errhandler:
+class Errhandler(NumberedHandle):
     """An MPI error handler: one of the predefined ones (None as handle: MPI.ERRHANDLER_NULL)."""
 
     _h: str | None
@@ -81,15 +82,10 @@ class Errhandler:
         """A small int naming the handler (0: MPI.ERRHANDLER_NULL)."""
         return _NAMES.index(self._h) if self._h in _NAMES else 0
 
-    py2f = toint
-    handle = property(toint, doc="This handle as an int.")
-
     @classmethod
     def fromint(cls, number: int) -> Errhandler:
         """The handler `toint` numbered `number`."""
         return cls._named(_NAMES[number]) if 0 < number < len(_NAMES) else cls()
-
-    f2py = fromhandle = fromint
 
 
 def _named(name: str) -> Errhandler:

@@ -24,7 +24,7 @@ from .blocks import BlockCollectives
 from .datatypes import UNDEFINED
 from .errors import ERR_COMM, ERR_GROUP, MPIException
 from .group import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group, group_of, my_world_rank
-from .handles import HandleTable
+from .handles import HandleTable, NumberedHandle
 from .info import INFO_NULL, Info, info_of, info_with
 from .p2p import PointToPoint
 from .request import Request
@@ -40,7 +40,6 @@ _HW_RESOURCE, _SHARED_MEMORY = "mpi_hw_resource_type", "mpi_shared_memory"
 _bound = threading.local()
 _process_self: Communicator | None = None
 _self_lock = threading.Lock()
-_table = HandleTable()
 
 
 class _Lifecycle:
@@ -102,10 +101,11 @@ class _Handle:
 _predefined_handles: weakref.WeakKeyDictionary[Communicator, _Handle] = weakref.WeakKeyDictionary()
 
 
-class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCollectives):
+class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCollectives, NumberedHandle):
     """An MPI communicator: a handle of a colls `Communicator` (none: MPI.COMM_NULL, or freed)."""
 
     _h: _Handle | None
+    _numbers = HandleTable()
 
     def __new__(cls, comm: Comm | None = None) -> Comm:
         self = object.__new__(cls)
@@ -175,21 +175,12 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
         raise ValueError(f"cannot pickle {self!r}: only MPI.COMM_WORLD and MPI.COMM_SELF name the same "
                          f"communicator in another process")
 
-    def toint(self) -> int:
-        """This handle as an int (`Comm.fromint` gives it back)."""
-        return _table.number(self._handle_or_none())
-
-    py2f = toint
-
-    @property
-    def handle(self) -> int:
-        """This handle as an int."""
-        return self.toint()
+    def _numbered(self) -> _Handle | None:
+        return self._handle_or_none()
 
     @classmethod
-    def fromint(cls, number: int) -> Comm:
-        """The communicator whose `toint()` was `number`, of the class its topology implies."""
-        handle = _table.handle(number)
+    def _from_numbered(cls, handle: _Handle | None) -> Comm:
+        """The communicator of a numbered handle (`fromint`), of the class its topology implies."""
         if cls in (Comm, Intracomm) and handle is not None and handle.topology is not None:
             return handle.topology.comm_class()._wrap(handle)
         if cls in (Comm, Intracomm) and getattr(getattr(handle, "communicator", None), "is_inter", False):
@@ -197,8 +188,6 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
 
             return Intercomm._wrap(handle)
         return cls._wrap(handle)
-
-    f2py = fromhandle = fromint
 
     # -- size, rank, names -----------------------------------------------------------------------
 
@@ -397,7 +386,7 @@ class Comm(Attributes, Constructors, PointToPoint, BlockCollectives, ScheduledCo
             raise MPIException(ERR_COMM, "MPI.COMM_WORLD and MPI.COMM_SELF cannot be freed")
         self._delete_attributes()
         self._h = None
-        _table.forget(handle)
+        self._numbers.forget(handle)
         handle.communicator.close()
 
     def free(self) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import typemap
+from .handles import StateHandle
 from .typeinfo import Described
 
 UNDEFINED = -32766   # MPICH's value, so scripts that print it see the familiar number
@@ -70,7 +71,7 @@ def _ints(values: Sequence[int]) -> list[int]:
     return [operator.index(v) for v in values]
 
 
-class Datatype(Described):
+class Datatype(StateHandle, Described):
     """An MPI datatype handle (mpi4py's `MPI.Datatype`).
 
     Args:
@@ -93,31 +94,11 @@ class Datatype(Described):
 
     # -- identity ---------------------------------------------------------------------------------
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Datatype) and other._s is self._s
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(self._s.handle)
-
     def __bool__(self) -> bool:
         return self._s.tmap is not None
 
     def __repr__(self) -> str:
         return f"<colls.compat.MPI.Datatype {self._s.name or self._s.combiner}>"
-
-    @property
-    def handle(self) -> int:
-        """An integer naming the type (0 for MPI.DATATYPE_NULL)."""
-        return self._s.handle
-
-    def toint(self) -> int:
-        """The integer handle."""
-        return self._s.handle
-
-    py2f = toint
 
     @property
     def dtype(self) -> np.dtype | None:

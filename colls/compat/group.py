@@ -12,11 +12,10 @@ from collections.abc import Sequence
 
 from .datatypes import UNDEFINED
 from .errors import ERR_ARG, ERR_GROUP, MPIException
-from .handles import HandleTable
+from .handles import HandleTable, NumberedHandle
 from .request import PROC_NULL
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
-_table = HandleTable()
 _interned: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
@@ -27,10 +26,11 @@ def my_world_rank() -> int:
     return COMM_WORLD.Get_rank()
 
 
-class Group:
+class Group(NumberedHandle):
     """An MPI group (None as handle: MPI.GROUP_NULL)."""
 
     _h: tuple[int, ...] | None
+    _numbers = HandleTable()
 
     def __new__(cls, group: Group | None = None) -> Group:
         self = object.__new__(cls)
@@ -78,26 +78,6 @@ class Group:
         if self._h == ():
             return (Group, (GROUP_EMPTY,))
         raise ValueError(f"cannot pickle {self!r}: a group names processes of this job only")
-
-    def toint(self) -> int:
-        """This handle as an int (`Group.fromint` gives it back)."""
-        return _table.number(self._h)
-
-    py2f = toint
-
-    @property
-    def handle(self) -> int:
-        """This handle as an int."""
-        return self.toint()
-
-    @classmethod
-    def fromint(cls, number: int) -> Group:
-        """The group whose `toint()` was `number`."""
-        group = object.__new__(cls)
-        group._h = _table.handle(number)
-        return group
-
-    f2py = fromhandle = fromint
 
     # -- size, rank, translation, comparison -----------------------------------------------------
 

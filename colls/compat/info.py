@@ -15,9 +15,8 @@ from collections.abc import Iterable, Iterator
 from colls import config
 
 from .errors import ERR_ARG, ERR_INFO, ERR_INFO_NOKEY, MPIException
-from .handles import HandleTable
+from .handles import HandleTable, NumberedHandle
 
-_table = HandleTable()
 _MISSING = object()
 
 
@@ -29,10 +28,11 @@ class InfoError(MPIException, KeyError):
         return self._text
 
 
-class Info:
+class Info(NumberedHandle):
     """An MPI info object: string keys to string values, in insertion order (None: MPI.INFO_NULL)."""
 
     _h: dict[str, str] | None
+    _numbers = HandleTable()
 
     def __new__(cls, info: Info | None = None) -> Info:
         self = object.__new__(cls)
@@ -70,26 +70,6 @@ class Info:
             return (type(self), (INFO_ENV,))
         return (_rebuild, (type(self), list(self._h.items())))
 
-    def toint(self) -> int:
-        """This handle as an int (`Info.fromint` gives it back)."""
-        return _table.number(self._h)
-
-    py2f = toint
-
-    @property
-    def handle(self) -> int:
-        """This handle as an int."""
-        return self.toint()
-
-    @classmethod
-    def fromint(cls, number: int) -> Info:
-        """The Info whose `toint()` was `number`."""
-        info = object.__new__(cls)
-        info._h = _table.handle(number)
-        return info
-
-    f2py = fromhandle = fromint
-
     # -- MPI's methods ---------------------------------------------------------------------------
 
     @classmethod
@@ -118,7 +98,7 @@ class Info:
         """Release the info object; the handle becomes MPI.INFO_NULL (the predefined ones stay)."""
         self._live()
         if self is not INFO_ENV:
-            _table.forget(self._h)
+            self._numbers.forget(self._h)
             self._h = None
 
     def free(self) -> None:

@@ -17,6 +17,7 @@ from algorithms import ops as colls_ops
 
 from . import buffers
 from .datatypes import Datatype
+from .handles import StateHandle
 
 _MAX_USER_OPS = 32   # MPI implementations (and mpi4py's registry) hold 32 user operations per process
 _registry = threading.local()   # per thread: ranks may be threads of one process (colls.compat.spawn)
@@ -55,7 +56,7 @@ class _State:
 _NULL = _State("OP_NULL", 0)
 
 
-class Op:
+class Op(StateHandle):
     """An MPI reduction operation handle; `for_datatype` gives the colls `Op` that runs it.
 
     Args:
@@ -80,15 +81,6 @@ class Op:
     def __repr__(self) -> str:
         return f"<colls.compat.MPI.Op {self._s.name}>"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Op) and other._s is self._s
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(self._s.handle)
-
     def __bool__(self) -> bool:
         return self._s is not _NULL
 
@@ -99,17 +91,6 @@ class Op:
         if not self._user or self._s.function is None:
             raise ValueError("cannot pickle user-defined reduction operation")
         return (type(self).Create, (self._s.function, self._s.commute))
-
-    @property
-    def handle(self) -> int:
-        """An integer naming the operation (0 for MPI.OP_NULL)."""
-        return self._s.handle
-
-    def toint(self) -> int:
-        """The integer handle."""
-        return self._s.handle
-
-    py2f = toint
 
     @classmethod
     def fromint(cls, arg: int) -> Op:

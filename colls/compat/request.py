@@ -17,7 +17,7 @@ from transports.errors import CollectiveTimeout, MessageTruncated
 
 from .datatypes import UNDEFINED
 from .errors import ERROR_CLASSES, MPIException
-from .handles import HandleTable
+from .handles import HandleTable, NumberedHandle
 from .status import ANY_SOURCE, ANY_TAG, SUCCESS, Status
 
 __all__ = ["ANY_SOURCE", "ANY_TAG", "PROC_NULL", "REQUEST_NULL", "SUCCESS", "Grequest", "Prequest",
@@ -37,7 +37,6 @@ def truncated(error: MessageTruncated) -> MPIException:
 StatusFields = tuple[int, int, int]
 _Some = tuple[list[int] | None, list[Any] | None]
 _NULL = object()   # Request(): a null request, as MPI.Request() is in mpi4py
-_table = HandleTable()
 
 
 class _Operation:
@@ -54,7 +53,7 @@ class _Operation:
         self.start: Callable[[], Request] | None = None   # a persistent request's: posts it again
 
 
-class Request:
+class Request(NumberedHandle):
     """A nonblocking operation: colls' `Work`, a facade operation with `poll()`, or nothing.
 
     Args:
@@ -65,6 +64,8 @@ class Request:
         status_fields: (source, tag, bytes) for the `Status`, or a callable giving them once done.
         returns_object: whether `wait()` returns the work's result (an object receive).
     """
+
+    _numbers = HandleTable()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Request:
         # mpi4py's signature, so a subclass's `__new__(cls, request)` may call `super().__new__(cls,
@@ -102,22 +103,14 @@ class Request:
 
     # -- handles ---------------------------------------------------------------------------------
 
-    def toint(self) -> int:
-        """This handle as an int (`fromint` gives it back); 0 for a null request."""
-        return _table.number(None if self._op.null else self._op)
-
-    py2f = toint
-    handle = property(toint, doc="This handle as an int.")
+    def _numbered(self) -> _Operation | None:
+        return None if self._op.null else self._op
 
     @classmethod
-    def fromint(cls, number: int) -> Request:
-        """The request whose `toint()` was `number`."""
+    def _from_numbered(cls, op: _Operation | None) -> Request:
         request = cls.__new__(cls)
-        op = _table.handle(number)
         request._op = REQUEST_NULL._op if op is None else op
         return request
-
-    f2py = fromhandle = fromint
 
     # -- one request -----------------------------------------------------------------------------
 
@@ -181,7 +174,7 @@ class Request:
         result, op.result = op.result, None
         if op.start is None:
             op.null = True
-            _table.forget(op)
+            self._numbers.forget(op)
         return result
 
     def Wait(self, status: Status | None = None) -> bool:
@@ -220,7 +213,7 @@ class Request:
     def Free(self) -> None:
         """Let the operation finish on its own; the request turns null."""
         self._op.null = True
-        _table.forget(self._op)
+        self._numbers.forget(self._op)
 
     free = Free
 
