@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import schedules
-from .buffers import simple, vector
+from .buffers import Message, simple, vector
 from .comm import Comm, Intracomm, _Handle
 from .errors import MPIException
 from .info import INFO_NULL, Info, info_of
@@ -234,44 +234,41 @@ class Topocomm(Intracomm):
                 recv[j][...] = send[i]
             channel.wait(*requests)
 
+    def _into_blocks(self, what: str, send: Sequence[np.ndarray], received: Message) -> None:
+        """`_neighbour_exchange` of `send` into the blocks of the receive message `received`."""
+        self._neighbour_exchange(what, send, [received.block(j) for j in range(self.indegree)])
+        received.received()
+
     def Neighbor_allgather(self, sendbuf, recvbuf) -> None:
         """Send the same buffer to every out-neighbour; block j of `recvbuf` from in-neighbour j."""
         data = simple(sendbuf, writable=False).data()
-        received = simple(recvbuf, writable=True, blocks=self.indegree)
-        self._neighbour_exchange("Neighbor_allgather", [data] * self.outdegree,
-                       [received.block(j) for j in range(self.indegree)])
-        received.received()
+        self._into_blocks("Neighbor_allgather", [data] * self.outdegree,
+                          simple(recvbuf, writable=True, blocks=self.indegree))
 
     def Neighbor_allgatherv(self, sendbuf, recvbuf) -> None:
         """Neighbor_allgather with per-neighbour counts and displacements in `recvbuf`."""
         data = simple(sendbuf, writable=False).data()
-        received = vector(recvbuf, writable=True, blocks=self.indegree)
-        self._neighbour_exchange("Neighbor_allgatherv", [data] * self.outdegree,
-                       [received.block(j) for j in range(self.indegree)])
-        received.received()
+        self._into_blocks("Neighbor_allgatherv", [data] * self.outdegree,
+                          vector(recvbuf, writable=True, blocks=self.indegree))
 
     def Neighbor_alltoall(self, sendbuf, recvbuf) -> None:
         """Block i of `sendbuf` to out-neighbour i; block j of `recvbuf` from in-neighbour j."""
         sent = simple(sendbuf, writable=False, blocks=self.outdegree)
-        received = simple(recvbuf, writable=True, blocks=self.indegree)
-        self._neighbour_exchange("Neighbor_alltoall", [sent.block(i) for i in range(self.outdegree)],
-                       [received.block(j) for j in range(self.indegree)])
-        received.received()
+        self._into_blocks("Neighbor_alltoall", [sent.block(i) for i in range(self.outdegree)],
+                          simple(recvbuf, writable=True, blocks=self.indegree))
 
     def Neighbor_alltoallv(self, sendbuf, recvbuf) -> None:
         """Neighbor_alltoall with per-neighbour counts and displacements on both sides."""
         sent = vector(sendbuf, writable=False, blocks=self.outdegree)
-        received = vector(recvbuf, writable=True, blocks=self.indegree)
-        self._neighbour_exchange("Neighbor_alltoallv", [sent.block(i) for i in range(self.outdegree)],
-                       [received.block(j) for j in range(self.indegree)])
-        received.received()
+        self._into_blocks("Neighbor_alltoallv", [sent.block(i) for i in range(self.outdegree)],
+                          vector(recvbuf, writable=True, blocks=self.indegree))
 
     def Neighbor_alltoallw(self, sendbuf, recvbuf) -> None:
         """Neighbor_alltoall with per-neighbour counts, byte displacements and datatypes."""
         sent = schedules._w_messages(sendbuf, False, self.outdegree)   # (per-peer messages, as Alltoallw)
         received = schedules._w_messages(recvbuf, True, self.indegree)
         self._neighbour_exchange("Neighbor_alltoallw", [message.data() for message in sent],
-                       [message.data() for message in received])
+                                 [message.data() for message in received])
         for message in received:
             message.received()
 

@@ -43,21 +43,25 @@ class _BigMPI:
 _bigmpi = _BigMPI()
 
 
-class Request(tuple):
-    """Requests of one object operation (mpi4py.util.pkl5.Request): a tuple of MPI.Request."""
+class _Handles(tuple):
+    """A tuple of MPI handles of one kind (`_kind`; made from None: a tuple of `_null`), equal to
+    another such tuple of the same handles, or to one handle that all of its handles equal."""
 
-    def __new__(cls, request: Any = None) -> Request:
-        if request is None:
-            request = (MPI.REQUEST_NULL,)
-        if isinstance(request, MPI.Request):
-            request = (request,)
-        return super().__new__(cls, request)
+    _kind: type
+    _null: str   # the null handle's name in MPI
+
+    def __new__(cls, handles: Any = None) -> Any:
+        if handles is None:
+            handles = (getattr(MPI, cls._null),)
+        if isinstance(handles, cls._kind):
+            handles = (handles,)
+        return super().__new__(cls, handles)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Request):
+        if isinstance(other, _Handles) and other._kind is self._kind:
             return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Request):
-            return all(request == other for request in self)
+        if isinstance(other, self._kind):
+            return all(handle == other for handle in self)
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:
@@ -68,6 +72,12 @@ class Request(tuple):
 
     def __bool__(self) -> bool:
         return any(self)
+
+
+class Request(_Handles):
+    """Requests of one object operation (mpi4py.util.pkl5.Request): a tuple of MPI.Request."""
+
+    _kind, _null = MPI.Request, "REQUEST_NULL"
 
     def Free(self) -> None:   # noqa: N802 - mpi4py's name
         """Free every request."""
@@ -128,31 +138,10 @@ def _slots(requests: list[Any], statuses: Any) -> list[Any]:
     return [statuses[i] if i < len(statuses) else None for i in range(len(requests))]
 
 
-class Message(tuple):
+class Message(_Handles):
     """A matched message (mpi4py.util.pkl5.Message): a tuple of MPI.Message."""
 
-    def __new__(cls, message: Any = None) -> Message:
-        if message is None:
-            message = (MPI.MESSAGE_NULL,)
-        if isinstance(message, MPI.Message):
-            message = (message,)
-        return super().__new__(cls, message)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Message):
-            return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Message):
-            return all(message == other for message in self)
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    __hash__ = tuple.__hash__
-
-    def __bool__(self) -> bool:
-        return any(self)
+    _kind, _null = MPI.Message, "MESSAGE_NULL"
 
     def free(self) -> None:
         """Forget the message."""
