@@ -261,3 +261,18 @@ def test_a_rank_whose_own_block_does_not_fit_raises_before_anything_moves(collec
         # rank 1 never took part (a Gatherv's small sends end once they leave: no wait on it)
         assert outcome == ("ok" if collective == "Gatherv" else "CollectiveTimeout")
         assert recv[2:4] == [-1, -1]                        # and it sent them nothing
+
+
+def _bad_send_spec_then_sendrecv() -> list[float]:
+    """A Sendrecv whose send buffer is bad raises before its receive is posted: the next Sendrecv
+    gets its own message (a stale receive would take it and leave this one waiting)."""
+    comm = MPI.COMM_WORLD
+    with pytest.raises(ValueError, match="need 40 bytes"):
+        comm.Sendrecv([np.zeros(3), 5, MPI.DOUBLE], 0, 1, np.zeros(3), 0, 1)
+    got = np.zeros(3)
+    comm.Sendrecv(np.arange(3.0), 0, 1, got, 0, 1)
+    return got.tolist()
+
+
+def test_a_bad_send_buffer_in_sendrecv_posts_nothing() -> None:
+    assert spawn(_bad_send_spec_then_sendrecv, 1, transport="local", timeout=20) == [[0.0, 1.0, 2.0]]

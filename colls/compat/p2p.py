@@ -159,9 +159,12 @@ class PointToPoint(ObjectMethods):
     """The point-to-point methods of `Comm` (a mixin: `self._comm` is the colls `Communicator`)."""
 
     def _isend(self, buf: Any, dest: int, tag: int, synchronous: bool = False) -> Request:
+        return self._post_send(None if dest == PROC_NULL else simple(buf, writable=False).data(), dest, tag,
+                               synchronous)
+
+    def _post_send(self, data: Any, dest: int, tag: int, synchronous: bool = False) -> Request:
         if dest == PROC_NULL:
             return Request(None)
-        data = simple(buf, writable=False).data()
         return Request(self._comm.send(data, int(dest), int(tag), async_op=True, synchronous=synchronous))
 
     def _irecv(self, buf: Any, source: int, tag: int) -> Request:
@@ -211,9 +214,11 @@ class PointToPoint(ObjectMethods):
 
     def Isendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                   source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
-        """Nonblocking Sendrecv: one request for both; its status is the receive's."""
+        """Nonblocking Sendrecv: one request for both; its status is the receive's. The send's buffer
+        is read first, so a bad one raises before anything is posted."""
+        outgoing = None if dest == PROC_NULL else simple(sendbuf, writable=False).data()
         receive = self._irecv(recvbuf, source, recvtag)
-        both = _Both(self._isend(sendbuf, dest, sendtag), receive)
+        both = _Both(self._post_send(outgoing, dest, sendtag), receive)
         return Request(both, status_fields=both.fields)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
