@@ -282,5 +282,7 @@ def _wait_advancing(comm: Any, work: Any) -> Any:
         try:
             return work.wait(timeout=_ADVANCE_EVERY_S)
         except CollectiveTimeout:
-            if work.is_completed() or time.monotonic() >= deadline:
+            if work.is_completed():   # another thread's progress pass completed it meanwhile:
+                continue              # its wait now returns (or raises its own error)
+            if time.monotonic() >= deadline:
                 raise
