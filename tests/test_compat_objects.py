@@ -232,6 +232,7 @@ def posted_object_receives() -> str:
     assert not send.Test() and send   # not matched yet: a synchronous send waits for its receive
     assert comm.recv(source=rank, tag=4) == "sync"
     send.wait()
+    comm.barrier()   # the irecv() above takes any source: no rank sends to another before here
     # an object's buffers go on colls' own tags: an ANY_TAG receive matches only the next header
     first, second = comm.irecv(source=left, tag=6), comm.irecv(source=left, tag=6)
     sends = [comm.isend({"n": n, "a": big_array(n)}, right, tag=6) for n in range(2)]
