@@ -19,7 +19,7 @@ import numpy as np
 from algorithms.blocks import bind_schedule
 from algorithms.channel import Channel
 from transports import registered
-from transports.base import COLLECTIVE_TAG_BASE, Traffic, Transport
+from transports.base import COLLECTIVE_TAG_BASE, FP_BITS, Traffic, Transport
 from transports.errors import CollectiveMismatch, CollsError, InvalidArgument
 
 from . import config, fingerprint
@@ -159,12 +159,12 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
         run. One channel serves call after call (calls run one at a time), pointed at each in turn."""
         traffic.calls += 1
         channel = self._channel
-        channel.tag = COLLECTIVE_TAG_BASE + seq
+        description = name.description
+        channel.tag = description.tag + (seq << FP_BITS)   # the call's number and fingerprint
         channel.deadline = time.monotonic() + limit
         channel.what = name
         channel.traffic = traffic
         channel.levels = self._levels
-        description = name.description
         tracer = self._tracer
         try:
             if not tracer.active:
@@ -191,12 +191,14 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
         leaves its peers waiting for messages that will never come: abort the communicator so that
         they raise `CommunicatorAborted` naming this rank and the error now, not at their deadline.
         Errors the peers see for themselves (timeouts, lost peers, aborts, mismatches) abort nothing,
-        except in a hierarchical call: there any error but a mismatch or a bad argument aborts both
-        levels, so that ranks blocked on the level this rank is not on are released too."""
+        except in a hierarchical call: there any error but a bad argument (or a mismatch COLLS_DEBUG's
+        check found, before any data moved) aborts both levels, so that ranks blocked on the level
+        this rank is not on are released too."""
         first = f"{type(error).__name__}: {error}".splitlines()[0][:200]
         reason = f"rank {self.rank} failed in {self.name} {name.label()} ({first})"
         if (name.description.algorithm.name == "hierarchical" and self._levels is not None
-                and not isinstance(error, (CollectiveMismatch, InvalidArgument))):
+                and not isinstance(error, InvalidArgument)
+                and not (isinstance(error, CollectiveMismatch) and self._tracer.debug)):
             # a rank released on one level passes it on, so that ranks waiting on the other level
             # (for peers stuck on this one) are released too, whatever the error
             self._levels.abort(reason)
@@ -210,7 +212,7 @@ class Communicator(Collectives, ObjectCollectives, PointToPoint):
         """
         limit = self.timeout if timeout is None else self._check.timeout(what, timeout)
         seq = next(self._numbers)
-        return Channel(self.transport, COLLECTIVE_TAG_BASE + seq, time.monotonic() + limit,
+        return Channel(self.transport, COLLECTIVE_TAG_BASE + (seq << FP_BITS), time.monotonic() + limit,
                        f"{self.name} {what} #{seq - self._hidden}",
                        self._traffic.setdefault(what, Traffic(self.size)))
 

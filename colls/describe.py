@@ -17,6 +17,7 @@ import numpy as np
 from algorithms import BUILTIN, Op, lookup, names
 from algorithms.blocks import Schedule
 from algorithms.registry import Algorithm
+from transports.base import COLLECTIVE_TAG_BASE, fingerprint
 from transports.errors import InvalidArgument
 
 from .device import as_cupy, is_cuda_dlpack, is_cupy, module_of
@@ -40,10 +41,12 @@ class Description:
     one) its schedule worked out for this rank, with each of its steps bound to the transport
 (`exchanges`, from `algorithms.blocks.bind_schedule`). Immutable: made once per signature and cached
     (`Validator.described`), so a call repeated with the same signature costs one dict lookup
-    here; the call's buffers and number travel beside it (`Communicator._execute`)."""
+    here; the call's buffers and number travel beside it (`Communicator._execute`). `tag` is the
+    collective tag of its call #0, fingerprint included (`transports.base.fingerprint`): call
+    number `seq` sends on `tag + (seq << FP_BITS)`."""
 
     __slots__ = ("collective", "dtype", "shape", "count", "out_shape", "root", "op", "algorithm",
-                 "schedule", "exchanges", "group")
+                 "schedule", "exchanges", "group", "tag")
 
     def __init__(self, collective: str, dtype: np.dtype | None, shape: tuple[int, ...], root: int | None,
                  op: Op | None, algorithm: Algorithm, group: str = "",
@@ -55,6 +58,10 @@ class Description:
                             ("op", op), ("algorithm", algorithm), ("schedule", schedule),
                             ("exchanges", exchanges), ("group", group)):
             object.__setattr__(self, name, value)
+        # every rank's count must agree but all_to_all_v's (its counts are each rank's own)
+        fp = fingerprint(collective, dtype, 0 if collective == "all_to_all_v" else count, root,
+                         None if op is None else op.name)
+        object.__setattr__(self, "tag", COLLECTIVE_TAG_BASE + fp)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Description is immutable (tried to set {name})")

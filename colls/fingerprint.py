@@ -2,10 +2,12 @@
 
 As torch's ProcessGroupWrapper does under TORCH_DISTRIBUTED_DEBUG=DETAIL, each rank encodes what
 it is about to call (kind, sequence number, dtype, count, root, op, algorithm) in eight integers and
-all-gathers them *on the call's own tag* before any data moves. Ranks that called different things
+all-gathers them *on the call's own number* before any data moves. Ranks that called different things
 then all learn it at once and raise `CollectiveMismatch` naming each side, instead of one hanging
 and another reading garbage. A rank that skipped the call never joins, so the others time out
-naming it. On by COLLS_DEBUG=1 (it costs one small all-gather per call).
+naming it. On by COLLS_DEBUG=1 (it costs one small all-gather per call). Without it, each message's
+tag carries a smaller fingerprint of the call, checked by the ranks that receive
+(`transports.base.fingerprint`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 from algorithms import BUILTIN, names
 from algorithms.allgather import ring_all_gather_phase
 from algorithms.channel import Channel
+from transports.base import COLLECTIVE_TAG_BASE, FP_MASK
 from transports.errors import CollectiveMismatch
 
 from .describe import Description
@@ -67,7 +70,10 @@ def _dtype_name(number: int) -> str:
 def check(channel: Channel, description: Description, seq: int) -> None:
     """All-gather fingerprints on the call's tag; raise CollectiveMismatch on every rank if they differ."""
     size = channel.size
-    channel = Channel(channel.transport, channel.tag, channel.deadline, channel.what)  # not counted
+    # on the call's number without its fingerprint (`transports.base.FP_BITS`), so that ranks that
+    # disagree still exchange theirs; not counted
+    tag = channel.tag - ((channel.tag - COLLECTIVE_TAG_BASE) & FP_MASK)
+    channel = Channel(channel.transport, tag, channel.deadline, channel.what)
     table = np.empty(size * FIELDS, np.int64)
     table[channel.rank * FIELDS:(channel.rank + 1) * FIELDS] = encode(description, seq)
     ring_all_gather_phase(channel, table, [i * FIELDS for i in range(size + 1)])

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CollectiveTimeout, CommunicatorAborted
+from .errors import CollectiveMismatch, CollectiveTimeout, CommunicatorAborted
 
 # reducer(accumulator, incoming): combine `incoming` into `accumulator` in place (same dtype, same length).
 Reducer = Callable[[np.ndarray, np.ndarray], None]
@@ -51,6 +51,64 @@ RESERVED_TAG_BASE = 1 << 31
 # values): ANY_TAG matches only tags below RESERVED_TAG_BASE, never a reserved or collective one.
 ANY_SOURCE = -2
 ANY_TAG = -1
+
+# A collective's tag: COLLECTIVE_TAG_BASE + (call number << FP_BITS) + the call's fingerprint, a
+# code of what was called (`fingerprint`), the same on every rank that makes the same call. Every
+# message of a call carries it, so a message from a rank that called something else matches no
+# receive, and a wait that finds one (the same number, another fingerprint) raises
+# `CollectiveMismatch` naming both calls (`mismatch`). 29 bits of it fit MPICH's tags (MPI_TAG_UB
+# 2**29 - 1): the mpi transport sends the tag less the base modulo its tag limit, keeping all of the
+# fingerprint and the call number modulo 2**13 (only the calls in flight at once must differ there).
+FP_BITS = 16
+FP_MASK = (1 << FP_BITS) - 1
+# the fingerprint's fields: (collective, op) 6 bits, dtype 5, a hash of (count, root) 5
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+OPS = ("SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR", "a user Op")
+CALLS = ((None, None),) + tuple((c, None) for c in (
+    "broadcast", "all_gather", "all_to_all", "all_to_all_v", "gather", "scatter", "barrier")) + tuple(
+    (c, op) for c in REDUCING for op in OPS)
+DTYPES = (None, "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "longdouble", "complex64", "complex128", "clongdouble")
+OTHER_DTYPE = 31
+
+
+def fingerprint(collective: str | None, dtype: np.dtype | None, count: int, root: int | None,
+                op: str | None) -> int:
+    """The code of a call (at most FP_BITS bits) that two ranks making the same call agree on: the
+    collective with its op (a name of `OPS`, else any other is "a user Op"), the dtype (those of
+    `DTYPES`; any other is one code), and 5 bits of (count, root), in which two roots of one count
+    differ unless 32 apart. 0: not a collective colls describes (a custom `channel()`)."""
+    if op is not None and collective in REDUCING:
+        op = op if op in OPS else OPS[-1]
+    else:
+        op = None
+    if (collective, op) not in CALLS:
+        return 0
+    kind = CALLS.index((collective, op))
+    code = 0 if dtype is None else next(
+        (i for i, name in enumerate(DTYPES) if name and dtype == np.dtype(name)), OTHER_DTYPE)
+    mixed = (count * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF   # Fibonacci hashing: the top bits
+    hashed = ((mixed >> 59) + (-1 if root is None else root) + 1) % 32
+    return kind << 10 | code << 5 | hashed
+
+
+def describe_fingerprint(fp: int) -> str:
+    """A fingerprint as words: `all_reduce(float64, SUM)`."""
+    kind, code = fp >> 10, fp >> 5 & 31
+    if kind >= len(CALLS) or (kind == 0 and fp):
+        return f"<fingerprint {fp:#x}>"
+    collective, op = CALLS[kind]
+    if collective is None:
+        return "a custom channel()"
+    dtype = "another dtype" if code >= len(DTYPES) else DTYPES[code]
+    return f"{collective}({', '.join(p for p in (dtype, op) if p)})"
+
+
+def mismatched(wanted: int, tag: int) -> bool:
+    """Whether a message with collective `tag` belongs to the call a receive for collective tag
+    `wanted` is part of (the same call number) but was sent by a rank that called something else."""
+    base = COLLECTIVE_TAG_BASE
+    return tag != wanted and (tag - base) >> FP_BITS == (wanted - base) >> FP_BITS
 
 
 class Request:
@@ -255,6 +313,42 @@ class Transport(ABC):
     # communicator watches the whole group's transport, so that a rank that finished setting up
     # the levels is released even when the peer it waits for failed before it had any.
     watched: Transport | None = None
+
+    def check_fingerprints(self, requests: Sequence[Request]) -> None:
+        """Called by a wait that is about to pause (never on its first poll): if a collective
+        receive of `requests` waits while a message of its call sent by a rank that called
+        something else waits too (`mismatched`), abort the group (its other ranks may wait on
+        ranks that will never send) and raise `CollectiveMismatch` naming both calls, as their
+        fingerprints tell them."""
+        wrap = self.collective_tag_wrap
+        if wrap is not None and (wrap & (wrap - 1) or wrap < 1 << FP_BITS + 8):
+            return   # (the wire keeps too little of a tag to tell)
+        wanted = [r.tag if wrap is None else COLLECTIVE_TAG_BASE + (r.tag - COLLECTIVE_TAG_BASE) % wrap
+                  for r in requests if not r.done and r.kind == "recv" and r.tag >= COLLECTIVE_TAG_BASE]
+        if not wanted:
+            return
+        for peer in range(self.size):
+            for tag in self._unreceived(peer):
+                for mine in wanted:
+                    if mismatched(mine, tag):
+                        ours = describe_fingerprint((mine - COLLECTIVE_TAG_BASE) & FP_MASK)
+                        theirs = describe_fingerprint((tag - COLLECTIVE_TAG_BASE) & FP_MASK)
+                        if ours == theirs:
+                            theirs += " with another count or root"
+                        text = (f"mismatched collective calls: rank {self.rank} called {ours} where "
+                                f"rank {peer} called {theirs}")
+                        self.abort(f"rank {self.rank} found {text}")
+                        raise CollectiveMismatch(f"rank {self.rank}: {text}")
+
+    def _unreceived(self, peer: int) -> Sequence[int]:
+        """The collective tags of messages from `peer` that no receive has taken (less the base,
+        modulo `collective_tag_wrap`, plus the base), at least the earliest of them (a later
+        call's come after it): for `check_fingerprints`, on the transports that check them."""
+        return ()
+
+    # where a transport sends collective tags less the base modulo this (mpi: MPI's tag limit);
+    # fingerprints are checked only where it is a power of two well above them (MPICH's 2**29)
+    collective_tag_wrap: int | None = None
 
     def check_aborted(self) -> None:
         """Raise `CommunicatorAborted` if this rank or (where the transport can tell) a peer aborted."""

@@ -189,11 +189,15 @@ class LocalTransport(Transport):
                                        f"rank {self.rank} was waiting for its {r!r}", r.peer)
                 if finished:
                     return
+                self.check_fingerprints(requests)   # (the lock held, as `_unreceived` needs)
                 self.check_aborted()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise timeout_error(requests, deadline)
                 world.cond.wait(min(remaining, 0.5))
+
+    def _unreceived(self, peer: int) -> list[int]:
+        return [send.tag for send in self.world.mailbox[self.rank][peer] if send.tag >= COLLECTIVE_TAG_BASE]
 
     def _progress(self) -> bool:
         """Match posted receives, in posting order, against parked sends; call with the lock held."""

@@ -200,6 +200,7 @@ class MpiTransport(Transport):
         self.size = base.Get_size()
         self.tag_limit = int(base.Get_attr(MPI.TAG_UB)) + 1
         self.user_tag_limit = self.tag_limit
+        self.collective_tag_wrap = self.tag_limit   # (`_route`; see `Transport.check_fingerprints`)
         # pids of the ranks on this host, to tell a dead peer from a slow one (mpiexec may keep the
         # survivors running: -disable-auto-cleanup); exchanged once, pickled, off the data path
         host = socket.gethostname()
@@ -379,9 +380,15 @@ class MpiTransport(Transport):
             if now >= next_abort_check:
                 next_abort_check = now + POLL_SECONDS
                 with lock:
+                    self.check_fingerprints(requests)
                     self.check_aborted()
                     self._check_alive(requests)
             backoff.pause()
+
+    def _unreceived(self, peer: int) -> list[int]:
+        """`Transport._unreceived`: the earliest (MPI_Iprobe; call with the lock held)."""
+        found = self.collective_comm.Iprobe(peer, self.MPI.ANY_TAG, self.status)
+        return [COLLECTIVE_TAG_BASE + self.status.Get_tag()] if found else []
 
     def _find_dead(self, error: Exception) -> None:
         """After an MPI error: CommunicatorAborted if a peer aborted (a rank that failed inside a

@@ -189,6 +189,15 @@ class Matching:
                 request.take(stash.data)
             request.done = True
 
+    def _unreceived(self, peer: int) -> list[int]:
+        """`Transport._unreceived`: the messages from `peer` taken aside, and the one at the head of
+        its FIFO if none is being received (call with the lock held)."""
+        tags = [stash.tag for stash in self.stashed[peer]]
+        tail = self.read_tail[peer]
+        if self.current[peer] is None and self.inbound[peer].ctl[HEAD] > tail:
+            tags.append(self.inbound[peer].hdr[tail % self.slots * HEADER_FIELDS])
+        return [tag for tag in tags if COLLECTIVE_TAG_BASE <= tag < SYNCHRONOUS]
+
     # -- probes ----------------------------------------------------------------------------------
 
     def iprobe(self, peer: int, tag: int) -> Envelope | None:

@@ -443,6 +443,8 @@ class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, 
                     raise timeout_error(requests, deadline)
                 if now >= next_liveness:
                     next_liveness = now + LIVENESS_PERIOD_S
+                    with self.lock:
+                        self.check_fingerprints(requests)
                     self.check_aborted()
                     self._check_alive(requests)
                 backoff.pause()
