@@ -56,9 +56,11 @@ ANY_TAG = -1
 # code of what was called (`fingerprint`), the same on every rank that makes the same call. Every
 # message of a call carries it, so a message from a rank that called something else matches no
 # receive, and a wait that finds one (the same number, another fingerprint) raises
-# `CollectiveMismatch` naming both calls (`mismatch`). 29 bits of it fit MPICH's tags (MPI_TAG_UB
-# 2**29 - 1): the mpi transport sends the tag less the base modulo its tag limit, keeping all of the
-# fingerprint and the call number modulo 2**13 (only the calls in flight at once must differ there).
+# `CollectiveMismatch` naming both calls (`Transport.check_fingerprints`). 29 bits of it fit MPICH's
+# tags (MPI_TAG_UB 2**29 - 1): the mpi transport sends the tag less the base modulo its tag limit,
+# keeping all of the fingerprint and the call number modulo 2**13 (matching needs no more: calls run
+# one at a time, and messages of one pair keep their order; a message of a peer a multiple of 8,192
+# calls ahead, with no message for me between, would look mismatched there).
 FP_BITS = 16
 FP_MASK = (1 << FP_BITS) - 1
 # the fingerprint's fields: (collective, op) 6 bits, dtype 5, a hash of (count, root) 5
@@ -77,7 +79,18 @@ def fingerprint(collective: str | None, dtype: np.dtype | None, count: int, root
     """The code of a call (at most FP_BITS bits) that two ranks making the same call agree on: the
     collective with its op (a name of `OPS`, else any other is "a user Op"), the dtype (those of
     `DTYPES`; any other is one code), and 5 bits of (count, root), in which two roots of one count
-    differ unless 32 apart. 0: not a collective colls describes (a custom `channel()`)."""
+    differ unless 32 apart.
+
+    Args:
+        collective: the collective's name (`all_reduce`, ...).
+        dtype: the element type, None for a barrier.
+        count: the elements of this rank's input (0 where ranks' counts may differ: all_to_all_v).
+        root: the root, None for a collective without one.
+        op: the reduction's name, None for a collective without one.
+
+    Returns:
+        The code, 1 .. FP_MASK; 0 for what colls does not describe (a custom `channel()`).
+    """
     if op is not None and collective in REDUCING:
         op = op if op in OPS else OPS[-1]
     else:
@@ -93,7 +106,14 @@ def fingerprint(collective: str | None, dtype: np.dtype | None, count: int, root
 
 
 def describe_fingerprint(fp: int) -> str:
-    """A fingerprint as words: `all_reduce(float64, SUM)`."""
+    """A fingerprint as words: `all_reduce(float64, SUM)` (count and root are only hashed).
+
+    Args:
+        fp: a code `fingerprint` returned.
+
+    Returns:
+        The collective with the dtype and op it names.
+    """
     kind, code = fp >> 10, fp >> 5 & 31
     if kind >= len(CALLS) or (kind == 0 and fp):
         return f"<fingerprint {fp:#x}>"
@@ -106,7 +126,15 @@ def describe_fingerprint(fp: int) -> str:
 
 def mismatched(wanted: int, tag: int) -> bool:
     """Whether a message with collective `tag` belongs to the call a receive for collective tag
-    `wanted` is part of (the same call number) but was sent by a rank that called something else."""
+    `wanted` is part of (the same call number) but was sent by a rank that called something else.
+
+    Args:
+        wanted: a posted collective receive's tag.
+        tag: a collective message's tag, as sent.
+
+    Returns:
+        True where the call numbers are equal and the fingerprints differ.
+    """
     base = COLLECTIVE_TAG_BASE
     return tag != wanted and (tag - base) >> FP_BITS == (wanted - base) >> FP_BITS
 
@@ -319,7 +347,14 @@ class Transport(ABC):
         receive of `requests` waits while a message of its call sent by a rank that called
         something else waits too (`mismatched`), abort the group (its other ranks may wait on
         ranks that will never send) and raise `CollectiveMismatch` naming both calls, as their
-        fingerprints tell them."""
+        fingerprints tell them.
+
+        Args:
+            requests: those the wait is for.
+
+        Raises:
+            CollectiveMismatch: such a message was found.
+        """
         wrap = self.collective_tag_wrap
         if wrap is not None and (wrap & (wrap - 1) or wrap < 1 << FP_BITS + 8):
             return   # (the wire keeps too little of a tag to tell)
