@@ -4,7 +4,7 @@ Importing torch costs seconds per process, so each world size is one job that ru
 (tests/torch_worker.py: every ProcessGroup method x dtype x op against Gloo, AVG, PREMUL_SUM and
 bfloat16 by hand, async handles and futures, sub-groups, DDP, FSDP2, a dead rank) and prints one
 line per failed check: 2 ranks under torchrun (env://, torch's store), 3 and 4 under `colls run`
-(no torch variables set). Then the tutorial-style DDP example's losses over colls and over Gloo.
+(no torch variables set). PyTorch's own DDP tests run on colls in tests/test_torch_suite.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ torch = pytest.importorskip("torch")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(REPO_ROOT / "tests" / "torch_worker.py")
-EXAMPLE = str(REPO_ROOT / "examples" / "torch" / "ddp_tutorial.py")
 EVERYTHING = "reductions,by_hand,copies,asynchrony,ddp,fsdp2"
 JOB_TIMEOUT_S = 240   # a 4-rank job takes about 25 s on 2 idle cores
 
@@ -112,22 +111,6 @@ def test_three_ranks_under_mpiexec_over_the_mpi_transport_match_gloo():
     failed = [line for line in result.stdout.splitlines() if "FAIL " in line]
     assert result.returncode == 0 and not failed, "\n".join(failed[:40]) + result.stderr[-3000:]
     assert result.stdout.count("asynchrony took") == 3, result.stdout[-3000:]
-
-
-@pytest.mark.timeout(2 * JOB_TIMEOUT_S + 30)
-def test_tutorial_example_losses_match_gloo():
-    """examples/torch/ddp_tutorial.py (PyTorch's DDP tutorial layout, mp.spawn, env://) with only
-    the backend's name changed: the same losses, to the last digit, as over Gloo."""
-    losses = {}
-    for backend in ("colls", "gloo"):
-        result = run([sys.executable, EXAMPLE, "--backend", backend], MASTER_PORT=str(free_port()))
-        assert result.returncode == 0, (f"over {backend}: exit {result.returncode}\n{result.stdout[-2000:]}\n"
-                                        f"{result.stderr[:3000]}\n...\n{result.stderr[-3000:]}")
-        # (the two ranks' lines may interleave in the shared pipe: pick them out one by one)
-        losses[backend] = sorted(re.findall(r"rank \d+ step \d+ loss [-+.\deE]+?(?=rank|\n|$)",
-                                            result.stdout))
-    assert len(losses["colls"]) == 10, losses
-    assert losses["colls"] == losses["gloo"]
 
 
 def test_bfloat16_rounding_matches_torch():
