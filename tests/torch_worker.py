@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -203,6 +204,16 @@ def copies(size: int, rank: int, gloo) -> None:
         dist.all_gather(reference, data(rank, 4, dtype), group=gloo)
         attempt(what, dist.all_gather, mine, data(rank, 4, dtype))
         for got, want in zip(mine, reference, strict=True):
+            check(what, got, want)
+        what = f"all_gather_coalesced {dtype}"   # outputs[r][i]: rank r's inputs[i]
+        inputs = [data(rank, count, dtype, salt=count) for count in (3, 0, 5)]
+        reference = [[torch.empty_like(t) for t in inputs] for _ in range(size)]
+        mine = [[torch.zeros_like(t) for t in inputs] for _ in range(size)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)   # (torch will deprecate it)
+            dist.all_gather_coalesced(reference, inputs, group=gloo)
+            attempt(what, dist.all_gather_coalesced, mine, inputs)
+        for got, want in zip(sum(mine, []), sum(reference, []), strict=True):
             check(what, got, want)
         what = f"all_to_all_single {dtype}"
         reference, mine = torch.empty(3 * size, dtype=dtype), torch.zeros(3 * size, dtype=dtype)

@@ -235,9 +235,23 @@ class ProcessGroupColls(dist.ProcessGroup):
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: AllgatherOptions | None = None) -> CollsWork:
-        """all_gather of several tensors: `outputs[i][r]` gets rank r's `inputs[i]`."""
-        works = [self.allgather([o], [i], opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._last(works, [t for o in outputs for t in o], "all_gather_coalesced")
+        """all_gather of several tensors as one call: `outputs[r][i]` gets rank r's `inputs[i]`
+        (`dist.all_gather_coalesced`): the inputs packed into one buffer (one copy), gathered, and
+        unpacked into the lists."""
+        what = "all_gather_coalesced"
+        self._count(what, outputs)
+        dtypes = {t.dtype for t in inputs} | {t.dtype for row in outputs for t in row}
+        if len(dtypes) > 1 or any(len(row) != len(inputs) for row in outputs):
+            raise InvalidArgument(f"rank {self.comm.rank}: {what}: every rank's list of outputs needs one "
+                                  f"tensor per input ({len(inputs)}), all of one dtype")
+        packed = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
+        source = as_buffer(packed, self.comm.rank, what)
+        targets = [t for row in outputs for t in row]   # rank by rank, as the gathered blocks
+
+        def job() -> None:
+            _unpack(self.comm.all_gather(source.array), targets)
+
+        return self._run(what, targets, job, opts)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: GatherOptions) -> CollsWork:
