@@ -274,6 +274,22 @@ def copies(size: int, rank: int, gloo) -> None:
             check("irecv without src", landed[peer - 1], data(peer, 5, torch.int32))
     else:
         attempt("irecv without src", dist.send, data(rank, 5, torch.int32), 0, tag=100 + rank)
+    # recv without src returns the sender's rank: rank 0 takes one message from each other rank
+    if rank == 0:
+        senders = []
+        for _ in range(1, size):
+            landed = torch.zeros(6, dtype=torch.float64)
+            try:
+                sender = dist.recv(landed, tag=200)
+            except Exception as error:  # noqa: BLE001 - reported as a failure
+                failures.append(f"recv without src: raised {type(error).__name__}: {error}")
+                break
+            senders.append(sender)
+            check(f"recv without src (from {sender})", landed, data(sender, 6, torch.float64))
+        if sorted(senders) != list(range(1, size)):
+            failures.append(f"recv without src: senders {senders}, want each of 1..{size - 1} once")
+    else:
+        attempt("recv without src", dist.send, data(rank, 6, torch.float64), 0, tag=200)
     objects = [None] * size
     attempt("all_gather_object", dist.all_gather_object, objects, {"rank": rank, "list": [rank] * rank})
     if objects != [{"rank": peer, "list": [peer] * peer} for peer in range(size)]:

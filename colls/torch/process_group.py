@@ -364,24 +364,26 @@ class ProcessGroupColls(dist.ProcessGroup):
         return self._recv(tensors, srcRank, tag, f"recv from rank {srcRank}")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollsWork:
-        """Receive into the tensor from whichever rank sends first with `tag` (`dist.irecv` without
-        `src`). torch asks the work which rank sent (`dist.recv` without `src`) through a C++ method
-        a Python backend's work cannot provide, so only `irecv` without `src` works."""
+        """Receive into the tensor from whichever rank sends first with `tag` (`dist.irecv` and
+        `dist.recv` without `src`; the work's `_source_rank()` tells which rank sent, once waited)."""
         return self._recv(tensors, ANY_SOURCE, tag, "recv from any rank")
 
     def _recv(self, tensors: list[torch.Tensor], source: int, tag: int, what: str) -> CollsWork:
         buffer = as_buffer(self._one(tensors, "recv"), self.comm.rank, "recv")
+        work: CollsWork | None = None
 
         def job() -> Callable[[float], None]:
             request = self.comm.recv(buffer.array, source, tag=tag, async_op=True)
 
             def finish(deadline: float) -> None:
                 request.wait()
+                work.source = request.status.source
                 buffer.write_back()
 
             return finish
 
-        return self._run(what, tensors, job)
+        work = self._run(what, tensors, job)
+        return work
 
     # -- lifetime --------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class CollsWork(dist.distributed_c10d.Work):
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.waiter: Callable[[float], None] | None = None   # a point-to-point request to finish on wait
+        self.source = -1   # a completed receive's sender
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the call has run; re-raise its error.
@@ -92,6 +93,13 @@ class CollsWork(dist.distributed_c10d.Work):
     def result(self) -> list[torch.Tensor]:
         """The output tensors."""
         return self.outputs
+
+    def _source_rank(self) -> int:
+        """The rank a completed receive's message came from (`dist.recv` without `src` asks; torch's
+        C++ `Work::sourceRank` is not reachable from Python, so this name is the one it calls)."""
+        if self.source < 0:
+            raise RuntimeError(f"{self.label}: only a receive, once waited, knows its source rank")
+        return self.source
 
     def synchronize(self) -> None:
         """Nothing to do on the CPU (torch calls it for device streams)."""
