@@ -161,3 +161,34 @@ def test_refusals_name_the_rank_and_argument():
         colls_op(dist.ReduceOp.BAND, torch.float32, 0, "all_reduce")
     with pytest.raises(TypeError, match=r"rank 2: reduce: .*BXOR on torch.bfloat16"):
         colls_op(dist.ReduceOp.BXOR, torch.bfloat16, 2, "reduce")
+
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+HUGE_PAGE_PROBE = """
+import re, torch
+import colls.torch  # noqa: F401
+tensor = torch.zeros(4 << 20)   # 16 MiB
+address, region = tensor.data_ptr(), None
+for line in open("/proc/self/smaps"):
+    bounds = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+    if bounds:
+        region = int(bounds[1], 16) <= address < int(bounds[2], 16)
+    elif region and line.startswith("THPeligible:"):
+        print(line.split()[1])
+"""
+
+
+@pytest.mark.skipif(not THP_MODE.exists() or "[madvise]" not in THP_MODE.read_text(),
+                    reason="the kernel gives transparent huge pages only on request (madvise) here")
+def test_import_puts_large_tensors_in_huge_pages_unless_the_user_said_no():
+    """`import colls.torch` sets torch's THP_MEM_ALLOC_ENABLE, so a large tensor made afterwards may
+    be backed by huge pages (its mapping is THP-eligible); a user's own THP_MEM_ALLOC_ENABLE=0 wins."""
+    for setting, eligible in ((None, "1"), ("0", "0")):
+        extra = {} if setting is None else {"THP_MEM_ALLOC_ENABLE": setting}
+        env = child_env(**extra)
+        if setting is None:
+            env.pop("THP_MEM_ALLOC_ENABLE", None)
+        result = subprocess.run([sys.executable, "-c", HUGE_PAGE_PROBE], cwd=REPO_ROOT, env=env,
+                                capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split() == [eligible], (setting, result.stdout, result.stderr[-2000:])
