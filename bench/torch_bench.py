@@ -41,20 +41,23 @@ def slowest(seconds: float, gloo) -> float:
     return value.item()
 
 
-def time_loop(calls: int, gloo, fn, *args, **kwargs) -> float:
-    """Seconds per `fn(*args, **kwargs)`: `calls` calls back to back after a barrier, divided by
-    `calls` (as nccl-tests time a loop, so the barrier's skew is spread), the slowest rank's."""
-    dist.barrier(group=gloo)
+def time_loop(calls: int, barrier_group, gloo, fn, *args, **kwargs) -> float:
+    """Seconds per `fn(*args, **kwargs)`: `calls` calls back to back after a barrier of `barrier_group`,
+    divided by `calls` (as nccl-tests time a loop, so the barrier's skew is spread), the slowest
+    rank's."""
+    dist.barrier(group=barrier_group)
     start = time.perf_counter()
     for _ in range(calls):
         fn(*args, **kwargs)
     return slowest((time.perf_counter() - start) / calls, gloo)
 
 
-def time_calls(calls: int, gloo, fn, *args, **kwargs) -> float:
-    """The median of REPEATS `time_loop`s, after a call to warm up."""
-    fn(*args, **kwargs)   # first-call setup on both sides
-    return statistics.median(time_loop(calls, gloo, fn, *args, **kwargs) for _ in range(REPEATS))
+def time_calls(calls: int, gloo, fn, tensor: torch.Tensor, group=None) -> float:
+    """The median of REPEATS `time_loop`s of `fn(tensor, group=group)` after a call to warm up,
+    each loop started by `group`'s own barrier (Gloo's takes milliseconds at 4 ranks on 2 cores
+    and lets the ranks go milliseconds apart, which a colls loop would be charged for)."""
+    fn(tensor, group=group)   # first-call setup on both sides
+    return statistics.median(time_loop(calls, group, gloo, fn, tensor, group=group) for _ in range(REPEATS))
 
 
 def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
@@ -63,7 +66,7 @@ def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
         print("| bytes | colls | gloo | gloo / colls |\n| ---: | ---: | ---: | ---: |")
     for nbytes in (n for n in SIZES if n <= max_bytes):
         tensor = torch.zeros(nbytes // 4)   # (sums of ones in place would overflow to inf)
-        calls = max(5, min(100, (16 << 20) // nbytes))
+        calls = max(5, min(100, (64 << 20) // nbytes))   # (5+: a barrier's skew spread)
         colls_s = time_calls(calls, gloo, dist.all_reduce, tensor)
         gloo_s = time_calls(calls, gloo, dist.all_reduce, tensor, group=gloo)
         if rank == 0:
@@ -112,7 +115,7 @@ def ddp_rows(steps: int, gloo, rank: int, size: int) -> None:
     times: dict[str, list[float]] = {}
     for _ in range(REPEATS):
         for name, run in runs.items():
-            times.setdefault(name, []).append(time_loop(steps, gloo, step, *run))
+            times.setdefault(name, []).append(time_loop(steps, gloo, gloo, step, *run))
     results = {name: statistics.median(values) for name, values in times.items()}
     if rank == 0:
         parameters = sum(p.numel() for p in model().parameters())
