@@ -100,10 +100,11 @@ def no_communication(state, bucket):  # noqa: ANN001, ANN201 - torch checks the 
     return future
 
 
-def ddp_rows(steps: int, gloo, rank: int, size: int) -> None:
+def ddp_rows(steps: int, repeats: int, gloo, rank: int, size: int) -> None:
     """DDP over each backend, with a no-op comm hook, and without DDP's work (`no_sync`), timed in
-    turns (one loop of each per repeat) so that a busy machine slows all alike; medians over
-    REPEATS."""
+    turns (one loop of each per repeat) so that a busy machine slows all alike. Step times are
+    medians over `repeats`; a communication time is the median of each repeat's difference from
+    that repeat's no-op step (paired, as the machine's speed drifts between repeats)."""
     batch = torch.randn(8, 2048)
     runs = {}
     for name, group in (("colls", None), ("gloo", gloo), ("no-op hook", gloo), ("no_sync", gloo)):
@@ -113,21 +114,23 @@ def ddp_rows(steps: int, gloo, rank: int, size: int) -> None:
         runs[name] = (wrapped, torch.optim.SGD(wrapped.parameters(), lr=1e-3), batch, name != "no_sync")
         step(*runs[name])   # warm up: DDP builds its buckets on the first step
     times: dict[str, list[float]] = {}
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, run in runs.items():
             times.setdefault(name, []).append(time_loop(steps, gloo, gloo, step, *run))
-    results = {name: statistics.median(values) for name, values in times.items()}
     if rank == 0:
+        def less(name: str, base: str) -> float:
+            return statistics.median(a - b for a, b in zip(times[name], times[base], strict=True))
+
         parameters = sum(p.numel() for p in model().parameters())
-        print(f"\nDDP step, {parameters / 1e6:.1f}M float32 parameters, batch 8, {size} ranks")
+        print(f"\nDDP step, {parameters / 1e6:.1f}M float32 parameters, batch 8, {size} ranks, "
+              f"medians of {repeats} repeats")
         print("| step | time | communication (less the no-op hook's step) |\n| --- | ---: | ---: |")
-        free = results["no-op hook"]
-        for name, seconds in results.items():
-            comm = f"{(seconds - free) * 1e3:.1f} ms" if name in ("colls", "gloo") else ""
-            print(f"| {name} | {seconds * 1e3:.1f} ms | {comm} |")
-        comm = {name: results[name] - free for name in ("colls", "gloo")}
+        comm = {name: less(name, "no-op hook") for name in ("colls", "gloo")}
+        for name, values in times.items():
+            cell = f"{comm[name] * 1e3:.1f} ms" if name in comm else ""
+            print(f"| {name} | {statistics.median(values) * 1e3:.1f} ms | {cell} |")
         print(f"communication: gloo / colls = {comm['gloo'] / max(comm['colls'], 1e-9):.2f}x; "
-              f"DDP's own bucketing (no-op hook less no_sync): {(free - results['no_sync']) * 1e3:.1f} ms",
+              f"DDP's own bucketing (no-op hook less no_sync): {less('no-op hook', 'no_sync') * 1e3:.1f} ms",
               flush=True)
 
 
@@ -135,6 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-bytes", default="256M", help="largest all_reduce (default 256M)")
     parser.add_argument("--steps", type=int, default=3, help="DDP steps per timed loop (default 3)")
+    parser.add_argument("--repeats", type=int, default=9, help="timed DDP loops of each kind (default 9)")
     parser.add_argument("--skip", default="", help="all_reduce or ddp: leave that part out")
     options = parser.parse_args()
     dist.init_process_group("colls")
@@ -143,7 +147,7 @@ def main() -> None:
     if "all_reduce" not in options.skip:
         all_reduce_rows(parse_bytes(options.max_bytes), gloo, rank, size)
     if "ddp" not in options.skip:
-        ddp_rows(options.steps, gloo, rank, size)
+        ddp_rows(options.steps, options.repeats, gloo, rank, size)
     dist.destroy_process_group()
 
 
