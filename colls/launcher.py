@@ -56,6 +56,14 @@ def job_environment(rank: int, size: int, transport: str, rendezvous: str, job: 
     }
 
 
+def threads_per_rank(nprocs: int) -> int:
+    """The OpenMP threads each of `nprocs` ranks gets unless OMP_NUM_THREADS says otherwise: the
+    CPUs this process may use, shared out (at least 1). torch, MKL and OpenBLAS otherwise each start
+    a thread per CPU in every rank, and with N ranks the cores run N times as many threads as they
+    have (torchrun sets 1 for the same reason)."""
+    return max(1, len(os.sched_getaffinity(0)) // nprocs)
+
+
 def cleanup_job_segments(job: str) -> int:
     """Remove every /dev/shm entry named `colls-<job>-*` (left by a rank that crashed); return how many."""
     return remove_job_segments(job)
@@ -268,6 +276,7 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         raise ValueError(f"timeout must be positive, not {timeout}")
     python, argv_of_program = interpreter_and_program(argv_of_program)
     base = _child_environment(env)
+    base.setdefault("OMP_NUM_THREADS", str(threads_per_rank(nprocs)))
     # An explicit choice wins; otherwise what `env` or the user's environment says, else the default.
     transport = (transport or (env or {}).get("COLLS_TRANSPORT") or config.get("COLLS_TRANSPORT")
                  or DEFAULT_TRANSPORT)

@@ -95,6 +95,22 @@ def test_every_rank_gets_its_environment_and_prefixed_output(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(60)
+def test_ranks_share_the_cpus_as_openmp_threads_unless_told_otherwise(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "threads.py", """
+        import os
+        print("threads", os.environ.get("OMP_NUM_THREADS"))
+    """)
+    env = child_env()
+    env.pop("OMP_NUM_THREADS", None)
+    shared = subprocess.run([sys.executable, "-m", "colls.cli", "run", "-n", "2", script], env=env,
+                            capture_output=True, text=True, timeout=60)
+    told = colls_run("-n", "2", script, OMP_NUM_THREADS="3")
+    each = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert sorted(shared.stdout.splitlines()) == [f"[0] threads {each}", f"[1] threads {each}"], shared.stderr
+    assert sorted(told.stdout.splitlines()) == ["[0] threads 3", "[1] threads 3"], told.stderr
+
+
+@pytest.mark.timeout(60)
 def test_rendezvous_directory_is_removed(tmp_path: Path) -> None:
     script = write_script(tmp_path, "env.py", ENV_PRINTER)
     result = colls_run("-n", "2", script)
