@@ -253,7 +253,8 @@ def launch(argv_of_program: list[str], nprocs: int, transport: str | None = None
         transport: `shm`, `cuda_ipc` or `mpi` (handed over to mpiexec); None: COLLS_TRANSPORT (in
             `env`, else ours), else shm.
         timeout: seconds after which every rank is killed (status 124); None: no limit.
-        env: variables every rank gets on top of ours.
+        env: variables every rank gets on top of ours. OMP_NUM_THREADS, where neither sets it, is
+            `threads_per_rank(nprocs)`.
         hosts: split the ranks into that many virtual hosts (COLLS_HOST), consecutive ranks together.
         prefix: start each line of a rank's output with `[rank] `; False: print it as it is, as
             mpiexec does (`--as-mpi4py`), still a whole line at a time.
