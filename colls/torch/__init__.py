@@ -9,8 +9,9 @@ every `torch.distributed` collective then run over colls (shm by default; COLLS_
 under mpiexec). See docs/torch.md.
 
 Importing it also sets torch's own THP_MEM_ALLOC_ENABLE=1 unless it is set already: torch then
-puts CPU tensors of 2 MiB and more in transparent huge pages, as numpy does for its arrays of
-4 MiB and more. A rank reading a peer's tensor (cross-memory attach) pins 512 times fewer pages,
+asks for transparent huge pages for CPU tensors of 2 MiB and more, as numpy does for its arrays of
+4 MiB and more (the kernel backs the 2 MiB-aligned stretches inside each tensor: torch aligns them
+to 4 KiB only). A rank reading a peer's tensor (cross-memory attach) pins 512 times fewer pages,
 which makes all_reduce from 16 MiB 1.5-1.8x faster (bench/RESULTS.md). torch reads the variable
 once, at its first such allocation: import colls.torch before building the model.
 """
