@@ -91,9 +91,8 @@ def test_a_sendrecv_reads_whole_only_above_its_threshold(nbytes, reads):
         theirs = np.arange(nbytes // 4, dtype=np.int32) + 1000 * (1 - rank)
         assert got == theirs.tolist()
         assert total == (theirs + 5).tolist()
-        if len(os.sched_getaffinity(0)) >= 2:
-            assert posted == (reads if cma else 0)   # 8 MiB: one read by cross-memory attach, the sum's
-            # by the slots (a reducing exchange goes by attach from 16 MiB)
+        assert posted == (reads if cma else 0)   # 8 MiB: one read by cross-memory attach, the sum's
+        # by the slots (a reducing exchange goes by attach from 16 MiB)
 
 
 def _behind_another_tag(comm, form: str):
@@ -415,8 +414,6 @@ def _protocols(comm, nbytes: int) -> list:
     (16 << 20, 1, 1),
 ])
 def test_an_exchange_goes_through_the_fifo_below_its_thresholds(nbytes, plain, reduced):
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores exchanges keep the messages' threshold")
     for made, folded, right, cma in colls.spawn(_protocols, 2, transport="shm", args=(nbytes,), timeout=40):
         assert right
         if not cma:
@@ -424,14 +421,12 @@ def test_an_exchange_goes_through_the_fifo_below_its_thresholds(nbytes, plain, r
         assert (made, folded) == (plain, reduced)
 
 
-def test_exchange_thresholds_follow_the_cores():
-    chunk, slots = 256 << 10, 4
-    fifo = rendezvous_bytes(chunk, slots)
-    assert exchange_rendezvous_bytes(chunk, slots, 2, cores=2) == 4 << 20
-    assert exchange_rendezvous_bytes(chunk, slots, 2, reducing=True, cores=2) == 16 << 20
-    # more ranks than cores: a pull needs its receiver to run; the FIFO's threshold for both
-    assert exchange_rendezvous_bytes(chunk, slots, 4, cores=2) == fifo
-    assert exchange_rendezvous_bytes(chunk, slots, 4, reducing=True, cores=2) == fifo
+def test_exchange_thresholds_are_the_fifos_at_least():
+    assert exchange_rendezvous_bytes(256 << 10, 4) == 4 << 20
+    assert exchange_rendezvous_bytes(256 << 10, 4, reducing=True) == 16 << 20
+    # a FIFO bigger than the thresholds (COLLS_SHM_SLOTS, COLLS_SHM_CHUNK_BYTES): a message it holds
+    # whole goes through it, as a plain send would
+    assert exchange_rendezvous_bytes(1 << 20, 32) == exchange_rendezvous_bytes(1 << 20, 32, True) == 32 << 20
 
 
 def _huge_and_small(comm) -> list:
@@ -455,8 +450,6 @@ def _huge_and_small(comm) -> list:
 def test_a_plain_exchange_sent_from_huge_pages_has_a_threshold_of_its_own():
     """From huge pages a peer's cross-memory read pins 512 times fewer pages, so a plain exchange
     sent from an allocation of 4 MiB or more goes by attach from EXCHANGE_HUGE_BYTES (2 MiB)."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("with more ranks than cores exchanges keep the messages' threshold")
     if not attach.HUGE_PAGES:
         pytest.skip("this kernel gives no transparent huge pages")
     for counts, right, allowed, huge in colls.spawn(_huge_and_small, 2, transport="shm", timeout=40):
@@ -477,8 +470,8 @@ def test_which_buffers_count_as_in_huge_pages():
     assert not attach.in_huge_pages(np.zeros((1 << 20) - 1, np.float32))
     assert not attach.in_huge_pages(colls.alloc(1 << 20, np.float32))   # registered: goes mapped anyway
     chunk, slots = 256 << 10, 4
-    assert exchange_huge_bytes(chunk, slots, 2, cores=2) == 2 << 20
-    assert exchange_huge_bytes(chunk, slots, 4, cores=2) == rendezvous_bytes(chunk, slots)   # ranks > cores
+    assert exchange_huge_bytes(chunk, slots) == 2 << 20
+    assert exchange_huge_bytes(chunk, 32) == 2 << 20 < exchange_rendezvous_bytes(chunk, 32)
 
 
 def _replace(comm, nbytes: int, form: str) -> list:
@@ -570,10 +563,8 @@ def test_a_receive_waiting_for_one_tag_blocks_no_receive_of_another(transport):
 def _declared(comm) -> list:
     transport, declared = comm.transport, comm.transport.capabilities
     chunk, slots = fifo_geometry(comm.size)
-    cores = transport.cores
-    want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots, comm.size, cores=cores),
-            exchange_rendezvous_bytes(chunk, slots, comm.size, True, cores),
-            exchange_huge_bytes(chunk, slots, comm.size, cores))
+    want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots),
+            exchange_rendezvous_bytes(chunk, slots, True), exchange_huge_bytes(chunk, slots))
     got = (declared.send_address_from_bytes, declared.exchange_address_from_bytes,
            declared.reduce_exchange_address_from_bytes, declared.huge_exchange_address_from_bytes)
     return [transport.cma, list(want), list(got), declared.spin_polls]

@@ -90,8 +90,8 @@ class Handshake:
     def _pushes(self, send_buf: np.ndarray, into: np.ndarray, tag: int) -> bool:
         """Whether a plain exchange's send goes by address for its receiver to have me write it all
         (RENDEZVOUS_PUSHABLE): from PUSH_FROM_BYTES, sent from small pages, my own receive `into`
-        in huge ones (the peer's is most likely laid out as mine), where every rank has a core."""
-        return (self.pushes and send_buf.nbytes >= PUSH_FROM_BYTES and tag >= COLLECTIVE_TAG_BASE
+        in huge ones (the peer's is most likely laid out as mine), where cross-memory attach works."""
+        return (self.cma and send_buf.nbytes >= PUSH_FROM_BYTES and tag >= COLLECTIVE_TAG_BASE
                 and not cma.in_huge_pages(send_buf) and cma.in_huge_pages(into)
                 and self._registered(send_buf) is None)
 

@@ -8,7 +8,6 @@ thresholds below choose among them by size; they are constants, not measurements
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..errors import TransportError
@@ -88,21 +87,14 @@ def rendezvous_bytes(chunk: int, slots: int) -> int:
     return max(MIN_RENDEZVOUS_BYTES, chunk * slots)
 
 
-def exchange_rendezvous_bytes(chunk: int, slots: int, size: int, reducing: bool = False,
-                              cores: int | None = None) -> int:
+def exchange_rendezvous_bytes(chunk: int, slots: int, reducing: bool = False) -> int:
     """A sendrecv's message at least this large goes by cross-memory attach (`reducing`: one whose
-    receive is a reduction). With more ranks than `cores` (default: the CPUs this process may use),
-    the plain sends' threshold: a read needs its reader to run, a FIFO send goes out while it waits."""
-    fifo = rendezvous_bytes(chunk, slots)
-    if size > (cores if cores is not None else len(os.sched_getaffinity(0))):
-        return fifo
-    return max(fifo, REDUCE_EXCHANGE_RENDEZVOUS_BYTES if reducing else EXCHANGE_RENDEZVOUS_BYTES)
+    receive is a reduction), whether or not the ranks outnumber the cores."""
+    return max(rendezvous_bytes(chunk, slots),
+               REDUCE_EXCHANGE_RENDEZVOUS_BYTES if reducing else EXCHANGE_RENDEZVOUS_BYTES)
 
 
-def exchange_huge_bytes(chunk: int, slots: int, size: int, cores: int | None = None) -> int:
+def exchange_huge_bytes(chunk: int, slots: int) -> int:
     """A plain sendrecv's message sent from huge pages at least this large goes by cross-memory
     attach; never above `exchange_rendezvous_bytes`."""
-    plain = exchange_rendezvous_bytes(chunk, slots, size, cores=cores)
-    if size > (cores if cores is not None else len(os.sched_getaffinity(0))):
-        return plain
-    return min(EXCHANGE_HUGE_BYTES, plain)
+    return min(EXCHANGE_HUGE_BYTES, exchange_rendezvous_bytes(chunk, slots))

@@ -153,16 +153,13 @@ class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, 
         self.peer_memory = PeerMemory(rank, self.pids, self._lost)
         self._init_help()
         # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
-        own_cores = size <= self.cores
-        self.spin_polls = Backoff.SPIN_POLLS if own_cores else OVERSUBSCRIBED_SPIN_POLLS
-        self.pushes = own_cores and self.cma   # (a writer needs a core while its peer waits)
+        self.spin_polls = Backoff.SPIN_POLLS if size <= self.cores else OVERSUBSCRIBED_SPIN_POLLS
         geometry = (self.chunk, self.slots)
         self.rendezvous_bytes = rendezvous_bytes(*geometry) if self.cma else NEVER
-        self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, size, cores=self.cores)
-                                          if self.cma else NEVER)
-        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, size, True, self.cores)
+        self.exchange_rendezvous_bytes = exchange_rendezvous_bytes(*geometry) if self.cma else NEVER
+        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, True)
                                                  if self.cma else NEVER)
-        self.exchange_huge_bytes = exchange_huge_bytes(*geometry, size, self.cores) if self.cma else NEVER
+        self.exchange_huge_bytes = exchange_huge_bytes(*geometry) if self.cma else NEVER
         self.capabilities = dataclasses.replace(
             self.capabilities, spin_polls=self.spin_polls,
             **{name: 0 if value == NEVER else value for name, value in (
