@@ -421,12 +421,14 @@ def test_an_exchange_goes_through_the_fifo_below_its_thresholds(nbytes, plain, r
         assert (made, folded) == (plain, reduced)
 
 
-def test_exchange_thresholds_are_the_fifos_at_least():
+def test_exchange_thresholds_are_the_fifos_at_least_and_reducing_ones_follow_the_cores():
     assert exchange_rendezvous_bytes(256 << 10, 4) == 4 << 20
     assert exchange_rendezvous_bytes(256 << 10, 4, reducing=True) == 16 << 20
     # a FIFO bigger than the thresholds (COLLS_SHM_SLOTS, COLLS_SHM_CHUNK_BYTES): a message it holds
     # whole goes through it, as a plain send would
     assert exchange_rendezvous_bytes(1 << 20, 32) == exchange_rendezvous_bytes(1 << 20, 32, True) == 32 << 20
+    # ranks sharing cores: a reducing exchange takes the plain threshold
+    assert exchange_rendezvous_bytes(256 << 10, 4, True, shared_cores=True) == 4 << 20
 
 
 def _huge_and_small(comm) -> list:
@@ -564,7 +566,8 @@ def _declared(comm) -> list:
     transport, declared = comm.transport, comm.transport.capabilities
     chunk, slots = fifo_geometry(comm.size)
     want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots),
-            exchange_rendezvous_bytes(chunk, slots, True), exchange_huge_bytes(chunk, slots))
+            exchange_rendezvous_bytes(chunk, slots, True, comm.size > transport.cores),
+            exchange_huge_bytes(chunk, slots))
     got = (declared.send_address_from_bytes, declared.exchange_address_from_bytes,
            declared.reduce_exchange_address_from_bytes, declared.huge_exchange_address_from_bytes)
     return [transport.cma, list(want), list(got), declared.spin_polls]

@@ -1,5 +1,6 @@
 """The shm transport counts the cores its ranks may use, and a waiting rank yields its core sooner
-where ranks outnumber them (`ShmTransport.spin_polls`): the one thing that count changes."""
+where ranks outnumber them (`ShmTransport.spin_polls`), and a reducing exchange goes by
+cross-memory attach from the plain threshold."""
 
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ def test_ranks_pinned_a_cpu_each_have_cores_of_their_own():
     for apart, together in colls.spawn(_pinned_subgroups, 2, transport="shm", timeout=50):
         assert apart[:2] == [2, Backoff.SPIN_POLLS]             # each pinned alone: 2 CPUs for 2 ranks
         assert together[:2] == [1, OVERSUBSCRIBED_SPIN_POLLS]   # both on one CPU
-        # the protocols' thresholds are the same either way (same-run A/B, 3 and 4 ranks on 2 cores:
-        # the FIFO's own threshold for every exchange there was no faster anywhere by 10%)
-        assert apart[2:] == together[2:]
+        if not apart[2]:
+            pytest.skip("cross-memory attach is not allowed here (ptrace scope): no thresholds")
+        # plain exchanges keep their thresholds (same-run A/B, 3 and 4 ranks on 2 cores: the FIFO's
+        # own threshold for them was nowhere faster by 10%); a reducing one takes the plain one's
+        assert apart[2] == together[2] and apart[4] == together[4]
+        assert apart[3] > together[3] == together[2]
 
 
 @pytest.mark.timeout(60)

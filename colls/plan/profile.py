@@ -153,7 +153,7 @@ class Profile:
                    if all(e.get("exchange_reduce_source_s") for e in entries) else (),
                    *(int(combine([e["exchange_cma_bytes"][kind] for e in entries]))
                      if all(kind in e.get("exchange_cma_bytes", {}) for e in entries)
-                     else exchange_rendezvous_bytes(chunk, slots, kind == "reducing")
+                     else exchange_rendezvous_bytes(chunk, slots, kind == "reducing", size > cores)
                      for kind in ("plain", "reducing")),
                    send=median_table("send_s") if all(e.get("send_s") for e in entries) else (),
                    barrier_hold=combine([e["barrier_hold_s"] for e in entries])

@@ -153,11 +153,12 @@ class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, 
         self.peer_memory = PeerMemory(rank, self.pids, self._lost)
         self._init_help()
         # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
-        self.spin_polls = Backoff.SPIN_POLLS if size <= self.cores else OVERSUBSCRIBED_SPIN_POLLS
+        shared_cores = size > self.cores
+        self.spin_polls = OVERSUBSCRIBED_SPIN_POLLS if shared_cores else Backoff.SPIN_POLLS
         geometry = (self.chunk, self.slots)
         self.rendezvous_bytes = rendezvous_bytes(*geometry) if self.cma else NEVER
         self.exchange_rendezvous_bytes = exchange_rendezvous_bytes(*geometry) if self.cma else NEVER
-        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, True)
+        self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, True, shared_cores)
                                                  if self.cma else NEVER)
         self.exchange_huge_bytes = exchange_huge_bytes(*geometry) if self.cma else NEVER
         self.capabilities = dataclasses.replace(
