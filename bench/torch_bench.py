@@ -7,7 +7,7 @@ Run:  colls run -n 2 python bench/torch_bench.py [--max-bytes 256M] [--steps 3]
 all_reduce rows: the slowest rank's time per `dist.all_reduce(float32)` (`time_calls`),
 busbw = bytes * 2(n-1)/n / time (nccl-tests' definition); beside them, every rank copying the same
 bytes at once (`Tensor.copy_`), the machine's memory speed at that moment, which moves colls'
-times (memory-bound) more than Gloo's. DDP rows: step time (forward,
+times more than Gloo's. DDP rows: step time (forward,
 backward with DDP's bucketed all_reduces, SGD step) with each backend; the same step with a
 comm hook that returns each bucket as it is (DDP's own bucketing, copies and division, with
 communication free); and the step without DDP's work (`no_sync`), all timed in turns. A backend's

@@ -152,7 +152,7 @@ class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, 
         self.unmatched: list[dict] = [{} for _ in range(size)]     # synchronous sends by id (`synchronous`)
         self.peer_memory = PeerMemory(rank, self.pids, self._lost)
         self._init_help()
-        # every rank can have a core of its own: as many CPUs as ranks among those the ranks may use
+        # more ranks than CPUs among those the ranks may use: they take turns on the cores
         shared_cores = size > self.cores
         self.spin_polls = OVERSUBSCRIBED_SPIN_POLLS if shared_cores else Backoff.SPIN_POLLS
         geometry = (self.chunk, self.slots)
