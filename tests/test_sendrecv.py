@@ -424,14 +424,16 @@ def test_an_exchange_goes_through_the_fifo_below_its_thresholds(nbytes, plain, r
         assert (made, folded) == (plain, reduced)
 
 
-def test_exchange_thresholds_are_the_fifos_at_least_and_reducing_ones_follow_the_cores():
+def test_exchange_thresholds_are_the_fifos_at_least_unless_ranks_share_cores():
     assert exchange_rendezvous_bytes(256 << 10, 4) == 4 << 20
     assert exchange_rendezvous_bytes(256 << 10, 4, reducing=True) == 16 << 20
     # a FIFO bigger than the thresholds (COLLS_SHM_SLOTS, COLLS_SHM_CHUNK_BYTES): a message it holds
     # whole goes through it, as a plain send would
     assert exchange_rendezvous_bytes(1 << 20, 32) == exchange_rendezvous_bytes(1 << 20, 32, True) == 32 << 20
-    # ranks sharing cores: a reducing exchange takes the plain threshold
-    assert exchange_rendezvous_bytes(256 << 10, 4, True, shared_cores=True) == 4 << 20
+    # ranks sharing cores: every exchange the FIFO cannot hold whole (4 slots of 256 KiB) goes by attach
+    assert (exchange_rendezvous_bytes(256 << 10, 4, shared_cores=True)
+            == exchange_rendezvous_bytes(256 << 10, 4, True, shared_cores=True)
+            == exchange_huge_bytes(256 << 10, 4, shared_cores=True) == (1 << 20) + 1)
 
 
 def _huge_and_small(comm) -> list:
@@ -568,9 +570,9 @@ def test_a_receive_waiting_for_one_tag_blocks_no_receive_of_another(transport):
 def _declared(comm) -> list:
     transport, declared = comm.transport, comm.transport.capabilities
     chunk, slots = fifo_geometry(comm.size)
-    want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots),
-            exchange_rendezvous_bytes(chunk, slots, True, comm.size > transport.cores),
-            exchange_huge_bytes(chunk, slots))
+    shared = comm.size > transport.cores
+    want = (rendezvous_bytes(chunk, slots), exchange_rendezvous_bytes(chunk, slots, False, shared),
+            exchange_rendezvous_bytes(chunk, slots, True, shared), exchange_huge_bytes(chunk, slots, shared))
     got = (declared.send_address_from_bytes, declared.exchange_address_from_bytes,
            declared.reduce_exchange_address_from_bytes, declared.huge_exchange_address_from_bytes)
     return [transport.cma, list(want), list(got), declared.spin_polls]

@@ -1,6 +1,6 @@
 """The shm transport counts the cores its ranks may use, and a waiting rank yields its core sooner
-where ranks outnumber them (`ShmTransport.spin_polls`), and a reducing exchange goes by
-cross-memory attach from the plain threshold."""
+where ranks outnumber them (`ShmTransport.spin_polls`), and every exchange the FIFO cannot hold
+whole then goes by cross-memory attach."""
 
 from __future__ import annotations
 
@@ -44,10 +44,9 @@ def test_ranks_pinned_a_cpu_each_have_cores_of_their_own():
         assert together[:2] == [1, OVERSUBSCRIBED_SPIN_POLLS]   # both on one CPU
         if not apart[2]:
             pytest.skip("cross-memory attach is not allowed here (ptrace scope): no thresholds")
-        # plain exchanges keep their thresholds (same-run A/B, 3 and 4 ranks on 2 cores: the FIFO's
-        # own threshold for them was nowhere faster by 10%); a reducing one takes the plain one's
-        assert apart[2] == together[2] and apart[4] == together[4]
-        assert apart[3] > together[3] == together[2]
+        # on one core, every exchange bigger than the FIFO (4 slots of 256 KiB) goes by attach
+        assert together[2:] == [(1 << 20) + 1] * 3
+        assert apart[2] > together[2] and apart[3] > together[3] and apart[4] > together[4]
 
 
 @pytest.mark.timeout(60)

@@ -21,8 +21,9 @@ NEVER = 1 << 62                 # a size no message reaches
 # those that would fill the whole FIFO, at least this much. Below that the slots win although they
 # copy twice: the two sides pipeline, and a process_vm_readv pins the sender's pages on every call.
 MIN_RENDEZVOUS_BYTES = 64 << 10
-# In a sendrecv both ranks copy at once, and the slots' copies stay in cache: the FIFO wins up to
-# a few MiB (plain) and further still for a reduction, which reads the peer's buffer in pieces.
+# In a sendrecv both ranks copy at once, and the slots' copies stay in cache: where each rank has a
+# core the FIFO wins up to a few MiB (plain) and further still for a reduction, which reads the
+# peer's buffer in pieces.
 EXCHANGE_RENDEZVOUS_BYTES = 4 << 20
 REDUCE_EXCHANGE_RENDEZVOUS_BYTES = 16 << 20
 # A plain sendrecv's message sent from transparent huge pages goes by cross-memory attach from here:
@@ -90,15 +91,17 @@ def rendezvous_bytes(chunk: int, slots: int) -> int:
 def exchange_rendezvous_bytes(chunk: int, slots: int, reducing: bool = False,
                               shared_cores: bool = False) -> int:
     """A sendrecv's message at least this large goes by cross-memory attach (`reducing`: one whose
-    receive is a reduction). Where ranks outnumber the cores (`shared_cores`) a reducing one takes
-    the plain threshold: its FIFO pieces go back and forth between two ranks that take turns on a
-    core, and one read of a 4 MiB message or more was faster (reduce_scatter of 16-32 MiB at 4 ranks
-    on 2 cores 1.17-1.40x, same-run A/B)."""
-    reduce = REDUCE_EXCHANGE_RENDEZVOUS_BYTES if reducing and not shared_cores else EXCHANGE_RENDEZVOUS_BYTES
+    receive is a reduction). Where ranks outnumber the cores (`shared_cores`), every message the
+    FIFO cannot hold whole does: filling its slots twice has the two ranks take turns on a core,
+    where one read does not (same-run A/B at 3 and 4 ranks on 2 cores against the thresholds
+    below: all_reduce of 4-8 MiB 1.11-1.43x, all_gather 1.21x, nowhere 10% slower)."""
+    if shared_cores:
+        return chunk * slots + 1
+    reduce = REDUCE_EXCHANGE_RENDEZVOUS_BYTES if reducing else EXCHANGE_RENDEZVOUS_BYTES
     return max(rendezvous_bytes(chunk, slots), reduce)
 
 
-def exchange_huge_bytes(chunk: int, slots: int) -> int:
+def exchange_huge_bytes(chunk: int, slots: int, shared_cores: bool = False) -> int:
     """A plain sendrecv's message sent from huge pages at least this large goes by cross-memory
     attach; never above `exchange_rendezvous_bytes`."""
-    return min(EXCHANGE_HUGE_BYTES, exchange_rendezvous_bytes(chunk, slots))
+    return min(EXCHANGE_HUGE_BYTES, exchange_rendezvous_bytes(chunk, slots, shared_cores=shared_cores))

@@ -157,10 +157,11 @@ class ShmTransport(Matching, Synchronous, DirectPath, Handshake, GroupLiveness, 
         self.spin_polls = OVERSUBSCRIBED_SPIN_POLLS if shared_cores else Backoff.SPIN_POLLS
         geometry = (self.chunk, self.slots)
         self.rendezvous_bytes = rendezvous_bytes(*geometry) if self.cma else NEVER
-        self.exchange_rendezvous_bytes = exchange_rendezvous_bytes(*geometry) if self.cma else NEVER
+        self.exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, False, shared_cores)
+                                          if self.cma else NEVER)
         self.reduce_exchange_rendezvous_bytes = (exchange_rendezvous_bytes(*geometry, True, shared_cores)
                                                  if self.cma else NEVER)
-        self.exchange_huge_bytes = exchange_huge_bytes(*geometry) if self.cma else NEVER
+        self.exchange_huge_bytes = exchange_huge_bytes(*geometry, shared_cores) if self.cma else NEVER
         self.capabilities = dataclasses.replace(
             self.capabilities, spin_polls=self.spin_polls,
             **{name: 0 if value == NEVER else value for name, value in (
