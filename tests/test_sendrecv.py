@@ -434,6 +434,9 @@ def test_exchange_thresholds_are_the_fifos_at_least_unless_ranks_share_cores():
     assert (exchange_rendezvous_bytes(256 << 10, 4, shared_cores=True)
             == exchange_rendezvous_bytes(256 << 10, 4, True, shared_cores=True)
             == exchange_huge_bytes(256 << 10, 4, shared_cores=True) == (1 << 20) + 1)
+    # (and never below a plain send's minimum, whatever the FIFO)
+    assert (exchange_rendezvous_bytes(16 << 10, 1, shared_cores=True) == rendezvous_bytes(16 << 10, 1)
+            == 64 << 10)
 
 
 def _huge_and_small(comm) -> list:

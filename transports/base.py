@@ -440,8 +440,8 @@ class Backoff:
     peer that has work. A wait past YIELD_SECONDS (a peer still computing, a slow or dead one)
     sleeps: a yielding thread stays runnable and takes its share of a core from the peers' work.
     DDP at 4 ranks on 2 cores, where a bucket's call waits for peers still in backward: same-run
-    A/B against 50 ms of yields, communication 1.28-1.71x less (yields of 0-10 ms), step 1.03-1.07x; 2 ranks
-    and all_reduce loops from 16 KiB to 64 MiB at 2 and 4 ranks 0.91-1.07x."""
+    A/B against 50 ms of yields, communication 1.28-1.71x less (yields of 0-10 ms), step
+    1.03-1.07x; 2-rank DDP and all_reduce loops from 16 KiB to 64 MiB at 2 and 4 ranks 0.91-1.07x."""
 
     __slots__ = ("polls", "sleep_s", "spin", "yield_until")
 

@@ -92,11 +92,12 @@ def exchange_rendezvous_bytes(chunk: int, slots: int, reducing: bool = False,
                               shared_cores: bool = False) -> int:
     """A sendrecv's message at least this large goes by cross-memory attach (`reducing`: one whose
     receive is a reduction). Where ranks outnumber the cores (`shared_cores`), every message the
-    FIFO cannot hold whole does: filling its slots twice has the two ranks take turns on a core,
-    where one read does not (same-run A/B at 3 and 4 ranks on 2 cores against the thresholds
-    below: all_reduce of 4-8 MiB 1.11-1.43x, all_gather 1.21x, nowhere 10% slower)."""
+    FIFO cannot hold whole does (and at least a plain send's minimum): filling its slots twice has
+    the two ranks take turns on a core, where one read does not (same-run A/B at 3 and 4 ranks on
+    2 cores against the thresholds below: all_reduce of 4-8 MiB 1.11-1.43x, all_gather 1.21-1.22x,
+    nowhere 10% slower)."""
     if shared_cores:
-        return chunk * slots + 1
+        return max(MIN_RENDEZVOUS_BYTES, chunk * slots + 1)
     reduce = REDUCE_EXCHANGE_RENDEZVOUS_BYTES if reducing else EXCHANGE_RENDEZVOUS_BYTES
     return max(rendezvous_bytes(chunk, slots), reduce)
 
