@@ -2,9 +2,10 @@
 
 Importing torch costs seconds per process, so each world size is one job that runs every check
 (tests/torch_worker.py: every ProcessGroup method x dtype x op against Gloo, AVG, PREMUL_SUM and
-bfloat16 by hand, async handles and futures, sub-groups, DDP, FSDP2, a dead rank) and prints one
-line per failed check: 2 ranks under torchrun (env://, torch's store), 3 and 4 under `colls run`
-(no torch variables set). PyTorch's own DDP tests run on colls in tests/test_torch_suite.py.
+bfloat16 by hand, async handles and futures, sub-groups, a tensor in registered memory, DDP,
+FSDP2, a dead rank) and prints one line per failed check: 2 ranks under torchrun (env://, torch's
+store), 3 and 4 under `colls run` (no torch variables set). PyTorch's own DDP tests run on colls in
+tests/test_torch_suite.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(REPO_ROOT / "tests" / "torch_worker.py")
-EVERYTHING = "reductions,by_hand,copies,asynchrony,ddp,fsdp2"
+EVERYTHING = "reductions,by_hand,copies,asynchrony,registered,ddp,fsdp2"
 JOB_TIMEOUT_S = 240   # a 4-rank job takes about 25 s on 2 idle cores
 
 

@@ -16,9 +16,11 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+import colls
 import colls.torch  # noqa: F401 - registers "colls"
 
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -346,6 +348,28 @@ def _coalesced(size: int, rank: int, gloo) -> None:
         check("all_gather_into_tensor under _coalescing_manager", output, reference)
 
 
+def registered(size: int, rank: int, gloo) -> None:
+    """all_reduce of a tensor in colls' registered memory (`torch.from_numpy(colls.alloc(...))`, as
+    docs/torch.md suggests for big tensors): Gloo's answer, and over shm the peers read it mapped."""
+    tensor = torch.from_numpy(colls.alloc(1 << 18, np.float32))   # 1 MiB: above MAPPED_BYTES
+    tensor.copy_(data(rank, 1 << 18, torch.float32))
+    reference = tensor.clone()
+    dist.all_reduce(reference, group=gloo)
+    transport = dist.group.WORLD.comm.transport
+    memory, mapped = getattr(transport, "peer_memory", None), []
+    if memory is not None:
+        read = memory.read_mapped
+        memory.read_mapped = lambda *args: (mapped.append(args[0]), read(*args))[1]
+    attempt("all_reduce of a registered tensor", dist.all_reduce, tensor)
+    if memory is not None:
+        del memory.read_mapped
+    check("all_reduce of a registered tensor", tensor, reference, tolerance(torch.float32, size, "SUM"))
+    reads = torch.tensor([len(mapped)])
+    dist.all_reduce(reads, group=gloo)
+    if memory is not None and transport.mappable and reads.item() == 0:
+        failures.append("all_reduce of a registered tensor: no rank read a peer's tensor mapped")
+
+
 def functional(size: int, rank: int, gloo) -> None:
     """The functional all_reduce (torch.distributed._functional_collectives: what DTensor and
     torch.compile call; its import costs seconds, so only the 2-rank job runs it)."""
@@ -481,7 +505,7 @@ def main() -> int:
     parts = sys.argv[1].split(",")
     for part in parts:
         start = time.monotonic()
-        if part in ("reductions", "copies", "asynchrony", "ddp", "fsdp2", "functional"):
+        if part in ("reductions", "copies", "asynchrony", "registered", "ddp", "fsdp2", "functional"):
             globals()[part](size, rank, gloo)
         elif part == "by_hand":
             by_hand(size, rank)
