@@ -5,7 +5,8 @@ Run:  colls run -n 2 python bench/torch_bench.py [--max-bytes 256M] [--steps 3]
       (or torchrun --nproc-per-node 2 bench/torch_bench.py)
 
 all_reduce rows: the slowest rank's time per `dist.all_reduce(float32)` (`time_calls`),
-busbw = bytes * 2(n-1)/n / time (nccl-tests' definition); beside them, every rank copying the same
+busbw = bytes * 2(n-1)/n / time (nccl-tests' definition); beside them, colls on a tensor in its
+registered memory (`torch.from_numpy(colls.alloc(...))`, docs/torch.md), and every rank copying the same
 bytes at once (`Tensor.copy_`), the machine's memory speed at that moment, which moves colls'
 times more than Gloo's. DDP rows: step time (forward,
 backward with DDP's bucketed all_reduces, SGD step) with each backend; the same step with a
@@ -21,10 +22,12 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import colls
 import colls.torch  # noqa: F401 - registers "colls"
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -65,19 +68,22 @@ def time_calls(calls: int, gloo, fn, tensor: torch.Tensor, group=None) -> float:
 def all_reduce_rows(max_bytes: int, gloo, rank: int, size: int) -> None:
     if rank == 0:
         print(f"all_reduce float32, {size} ranks: time per call (busbw)")
-        print("| bytes | colls | gloo | gloo / colls | copy | colls / copy |\n"
-              "| ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| bytes | colls | gloo | gloo / colls | colls, registered | colls / registered | copy | "
+              "colls / copy |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for nbytes in (n for n in SIZES if n <= max_bytes):
         tensor = torch.zeros(nbytes // 4)   # (sums of ones in place would overflow to inf)
         calls = max(5, min(100, (64 << 20) // nbytes))   # (5+: a barrier's skew spread)
         colls_s = time_calls(calls, gloo, dist.all_reduce, tensor)
         gloo_s = time_calls(calls, gloo, dist.all_reduce, tensor, group=gloo)
+        registered = torch.from_numpy(colls.alloc(nbytes // 4, np.float32))
+        registered_s = time_calls(calls, gloo, dist.all_reduce, registered)
         target = torch.empty_like(tensor)
         copy_s = time_calls(calls, gloo, lambda t, group, target=target: target.copy_(t), tensor, group=gloo)
         if rank == 0:
             factor = 2 * (size - 1) / size
             cells = [f"{s * 1e6:.1f} us ({nbytes * factor / s / 1e9:.2f} GB/s)" for s in (colls_s, gloo_s)]
             print(f"| {nbytes} | {cells[0]} | {cells[1]} | {gloo_s / colls_s:.2f}x | "
+                  f"{registered_s * 1e6:.1f} us | {colls_s / registered_s:.2f}x | "
                   f"{copy_s * 1e6:.1f} us ({nbytes / copy_s / 1e9:.2f} GB/s) | {colls_s / copy_s:.1f}x |",
                   flush=True)
 
