@@ -24,7 +24,7 @@ from planted_faults import planted
 
 from colls.fuzz import Program, Step, fuzz, judge, make_group
 from colls.fuzz.oracle import DTYPES, inputs, matmul, reduced, valid_ops
-from colls.fuzz.program import Space, programs
+from colls.fuzz.program import INVALID, Space, programs
 from colls.fuzz.session import Verdict
 from colls.fuzz.snippet import render
 
@@ -231,6 +231,19 @@ def test_the_first_bug_it_found_stays_fixed() -> None:
         finally:
             group.close()
         assert verdict.ok, verdict.primary
+
+
+def test_every_bad_call_fails_at_once_whatever_salt_a_program_draws() -> None:
+    """Found with both cores loaded: the `src` bad call with salt 1 (an invalid step's root) asked to
+    receive from rank -2, which is colls.ANY_SOURCE, and waited for a message that never came."""
+    steps = tuple(Step("invalid", bad=bad, root=salt) for bad in sorted(INVALID) for salt in range(16))
+    program = Program(2, 0, steps)
+    group = make_group("local", 2)
+    try:
+        verdict = judge(program, group.run(program, 30.0), 30.0)
+    finally:
+        group.close()
+    assert verdict.ok, verdict.primary
 
 
 @pytest.mark.parametrize("transport", ["local", "shm"])

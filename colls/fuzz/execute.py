@@ -336,7 +336,7 @@ def bad_call(bad: str, comm: Communicator, salt: int) -> None:
     elif bad == "dst":
         comm.send(x, size + salt)
     elif bad == "src":
-        comm.recv(x, -1 - salt)
+        comm.recv(x, colls.ANY_SOURCE - 1 - salt)   # negative, and never the wildcard
     elif bad == "tag":
         comm.send(x, (comm.rank + 1) % size, tag=-1 - salt)
     elif bad == "blocks":
