@@ -34,14 +34,16 @@ class CollsWork(dist.distributed_c10d.Work):
     """The handle of one call: `wait()` blocks until it ran (re-raising its error), `get_future()`
     gives a torch Future completed with its output tensors."""
 
-    def __init__(self, label: str, outputs: list[torch.Tensor], deadline: float) -> None:
+    def __init__(self, label: str, outputs: list[torch.Tensor], deadline: float,
+                 ran: threading.Condition | None = None) -> None:
         super().__init__()
         self.label = label
         self.outputs = outputs
         self.deadline = deadline   # by then the call has run, or failed with its own timeout
+        self.ran = ran             # notified once a queued call has run (None: not queued)
         self.future: Future = Future()
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.done = False
         self.waiter: Callable[[float], None] | None = None   # a point-to-point request to finish on wait
         self.source = -1   # a completed receive's sender
 
@@ -60,7 +62,10 @@ class CollsWork(dist.distributed_c10d.Work):
         """
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         deadline = self.deadline if not seconds else min(self.deadline, time.monotonic() + seconds)
-        if not self.done.wait(max(0.0, deadline - time.monotonic())):
+        if not self.done and self.ran is not None:
+            with self.ran:
+                self.ran.wait_for(lambda: self.done, max(0.0, deadline - time.monotonic()))
+        if not self.done:
             raise CollectiveTimeout(f"{self.label} has not finished after waiting "
                                     f"{seconds or self.deadline - time.monotonic():.1f} s", ())
         if self.waiter is not None and self.error is None:
@@ -81,7 +86,7 @@ class CollsWork(dist.distributed_c10d.Work):
 
     def is_completed(self) -> bool:
         """Whether the call has run (successfully or not)."""
-        return self.done.is_set() and self.waiter is None
+        return self.done and self.waiter is None
 
     def is_success(self) -> bool:
         """Whether the call ran without an error."""
@@ -106,13 +111,13 @@ class CollsWork(dist.distributed_c10d.Work):
         """Nothing to do on the CPU (torch calls it for device streams)."""
 
     def _finish(self) -> None:
-        self.done.set()
+        self.done = True   # (a queued call's waiters are woken when the worker notifies `ran`)
         if self.waiter is None:
             self.future.set_result(self.outputs)   # runs the callbacks chained on it, here
 
     def _fail(self, error: BaseException) -> None:
         self.error = error
-        self.done.set()
+        self.done = True
         if not self.future.done():
             self.future.set_exception(error)
 
@@ -134,7 +139,7 @@ class Stream:
             if self._closed:
                 raise RuntimeError(f"{label}: the process group {self.name} is shut down")
             queued = len(self._queue) + 1
-            work = CollsWork(label, outputs, time.monotonic() + queued * self.limit + SLACK_S)
+            work = CollsWork(label, outputs, time.monotonic() + queued * self.limit + SLACK_S, self._cond)
             self._queue.append((job, work))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"colls-torch-{self.name}",
